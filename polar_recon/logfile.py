@@ -1,0 +1,328 @@
+"""Episode log files: the writer used by the addon and the one reader (`read_log`).
+
+Writing: one single-row record batch per call, written straight to the file descriptor (no user
+space buffer), so everything written before a SIGKILL is in the page cache and readable. Reopening
+an unfinished log (proxy restart) cuts a torn last batch off and appends a new IPC stream to the
+same file; the reader reads concatenated streams.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from .logschema import COLUMNS, KIND_CALL, KIND_END, READ_DROP, SCHEMA
+
+EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class LogError(Exception):
+    """A log file that cannot be read at all; the message names the file."""
+
+
+class EpisodeFinished(Exception):
+    """A write to an episode whose end record is already on disk."""
+
+
+def validate_episode_id(episode_id: str) -> str:
+    """Return the id if it is safe as a file name in LOGDIR, else raise ValueError naming it."""
+    if not isinstance(episode_id, str) or not EPISODE_ID_RE.match(episode_id) or episode_id in (".", ".."):
+        raise ValueError(
+            f"invalid episode id {episode_id!r}: must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'"
+        )
+    return episode_id
+
+
+def episode_path(logdir: str | os.PathLike, episode_id: str) -> Path:
+    return Path(logdir) / f"{validate_episode_id(episode_id)}.arrow"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _read_batches(path: Path) -> tuple[list[pa.RecordBatch], int, bool, bool]:
+    """All complete batches of all concatenated streams, the byte offset after the last complete
+    message, whether a torn/invalid tail was found, and whether the last stream is open (no
+    end-of-stream marker: its writer was killed or is still writing)."""
+    data = pa.memory_map(str(path), "r").read_buffer() if path.stat().st_size else pa.py_buffer(b"")
+    size = data.size
+    batches: list[pa.RecordBatch] = []
+    pos = 0
+    good_end = 0
+    torn = False
+    open_stream = False
+    while pos < size:
+        reader_src = pa.BufferReader(data.slice(pos))
+        try:
+            reader = pa.ipc.open_stream(reader_src)
+        except (pa.ArrowInvalid, OSError) as exc:
+            if not batches and pos == 0:
+                raise LogError(f"{path}: not an Arrow IPC stream ({exc})") from exc
+            torn = True
+            break
+        if reader.schema.names != COLUMNS:
+            raise LogError(f"{path}: unexpected columns {reader.schema.names}")
+        good_end = pos + reader_src.tell()  # after the schema message
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                # after the end-of-stream marker, or at the end of an unterminated stream
+                good_end = pos + reader_src.tell()
+                open_stream = good_end >= size and not _ends_with_eos(data, good_end)
+                break
+            except (pa.ArrowInvalid, OSError):
+                torn = True
+                open_stream = True
+                break
+            batches.append(batch)
+            good_end = pos + reader_src.tell()
+        if torn:
+            break
+        pos = good_end
+    return batches, good_end, torn, open_stream
+
+
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _ends_with_eos(data: pa.Buffer, end: int) -> bool:
+    return end >= 8 and data.slice(end - 8, 8).to_pybytes() == _EOS
+
+
+@dataclass
+class EpisodeLog:
+    path: Path
+    episode_id: str
+    calls: pl.DataFrame  # one row per call (per choice), full prompt_ids, sorted by call_index
+    finished: bool  # an end record is on disk
+    reward: float | None
+    metadata: dict[str, Any]
+    truncated: bool  # a torn last batch was found (writer killed mid-write)
+
+
+def _full_prompts(table: pa.Table) -> list[list[int] | None]:
+    """Undo the prefix compression; rows reference earlier rows by position."""
+    bases = table.column("prompt_base_row").to_pylist()
+    lens = table.column("prompt_base_len").to_pylist()
+    tails = table.column("prompt_tail_ids").to_numpy(zero_copy_only=False)
+    comps = table.column("completion_ids").to_numpy(zero_copy_only=False)
+    seqs: list[np.ndarray | None] = []
+    prompts: list[list[int] | None] = []
+    for i, (base, n, tail, comp) in enumerate(zip(bases, lens, tails, comps)):
+        if tail is None:
+            seqs.append(None)
+            prompts.append(None)
+            continue
+        tail = np.asarray(tail, dtype=np.int32)
+        if base is not None and base >= 0:
+            if base >= i or seqs[base] is None or n > len(seqs[base]):
+                raise LogError(f"row {i} references prompt base row {base} that cannot be used")
+            prompt = np.concatenate([seqs[base][:n], tail])
+        else:
+            prompt = tail
+        comp = np.asarray(comp if comp is not None else [], dtype=np.int32)
+        seqs.append(np.concatenate([prompt, comp]))
+        prompts.append(prompt.tolist())
+    return prompts
+
+
+def read_episode(path: str | os.PathLike) -> EpisodeLog:
+    path = Path(path)
+    if not path.exists():
+        raise LogError(f"{path}: no such log")
+    batches, _, torn, _ = _read_batches(path)
+    table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
+    kinds = table.column("kind").to_pylist()
+    end_rows = [i for i, k in enumerate(kinds) if k == KIND_END]
+    reward = None
+    metadata: dict[str, Any] = {}
+    if end_rows:
+        last = end_rows[-1]
+        reward = table.column("reward")[last].as_py()
+        meta = table.column("metadata")[last].as_py()
+        metadata = json.loads(meta) if meta else {}
+    call_mask = pa.array([k == KIND_CALL for k in kinds], type=pa.bool_())
+    calls = table.filter(call_mask) if len(kinds) else table
+    try:
+        prompts = _full_prompts(calls)
+    except LogError as exc:
+        raise LogError(f"{path}: {exc}") from exc
+    calls = calls.drop_columns(list(READ_DROP)).append_column(
+        pa.field("prompt_ids", pa.list_(pa.int32())), pa.array(prompts, type=pa.list_(pa.int32()))
+    )
+    df = pl.from_arrow(calls)
+    assert isinstance(df, pl.DataFrame)
+    df = df.sort(["call_index", "choice"], maintain_order=True, nulls_last=True)
+    episode_id = path.name[: -len(".arrow")] if path.name.endswith(".arrow") else path.stem
+    return EpisodeLog(path, episode_id, df, bool(end_rows), reward, metadata, torn)
+
+
+def read_log(path: str | os.PathLike) -> pl.DataFrame:
+    """The calls of one episode log as a polars DataFrame with full ``prompt_ids``."""
+    return read_episode(path).calls
+
+
+def is_finished(path: str | os.PathLike) -> bool:
+    try:
+        return read_episode(path).finished
+    except LogError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
+
+
+@dataclass
+class _Recent:
+    row: int
+    seq: np.ndarray  # prompt + completion
+
+
+class EpisodeWriter:
+    """Appends rows to one episode's log. Not shared across processes; thread-safe within one."""
+
+    def __init__(self, path: str | os.PathLike, episode_id: str, *, fsync: bool = False, keep: int = 16):
+        self.path = Path(path)
+        self.episode_id = validate_episode_id(episode_id)
+        self.fsync = fsync
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._recent: list[_Recent] = []
+        self._rows = 0  # call rows on disk
+        self._next_call = 0
+        self.finished = False
+        self._recover()
+        self._file = pa.OSFile(str(self.path), "ab")
+        self._writer = pa.ipc.new_stream(self._file, SCHEMA)
+        self._sync()
+
+    def _recover(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        batches, good_end, torn, open_stream = _read_batches(self.path)
+        if torn:
+            os.truncate(self.path, good_end)
+        if open_stream:  # terminate the killed writer's stream so ours can follow it
+            with open(self.path, "ab") as f:
+                f.write(_EOS)
+        ep = read_episode(self.path)
+        if ep.finished:
+            raise EpisodeFinished(f"episode {self.episode_id!r} has already ended ({self.path})")
+        calls = ep.calls
+        self._rows = calls.height
+        if calls.height:
+            self._next_call = int(calls["call_index"].max()) + 1
+            tail = calls.tail(self.keep)
+            start = calls.height - tail.height
+            for j, (p, c) in enumerate(zip(tail["prompt_ids"].to_list(), tail["completion_ids"].to_list())):
+                if p is not None:
+                    self._recent.append(_Recent(start + j, np.asarray(p + (c or []), dtype=np.int32)))
+
+    def next_call_index(self) -> int:
+        with self._lock:
+            i = self._next_call
+            self._next_call += 1
+            return i
+
+    def _sync(self) -> None:
+        self._file.flush()
+        if self.fsync:
+            os.fsync(self._file.fileno())
+
+    def _write(self, row: dict[str, Any]) -> None:
+        cols = []
+        for f in SCHEMA:
+            cols.append(pa.array([row.get(f.name)], type=f.type))
+        self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=SCHEMA))
+        self._sync()
+
+    def append_call(
+        self,
+        *,
+        call_index: int,
+        prompt_ids: Iterable[int] | None,
+        completion_ids: Iterable[int] | None,
+        completion_logprobs: Iterable[float] | None,
+        **fields: Any,
+    ) -> int:
+        """Write one call row; returns its row position. ``prompt_ids`` None means the server gave
+        none (then ``error`` must say so); it is never stored as an empty list by accident."""
+        unknown = set(fields) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown log columns {sorted(unknown)}")
+        with self._lock:
+            if self.finished:
+                raise EpisodeFinished(f"episode {self.episode_id!r} has already ended")
+            row = dict(fields)
+            row.update(kind=KIND_CALL, episode_id=self.episode_id, call_index=call_index)
+            row.setdefault("choice", 0)
+            comp = None if completion_ids is None else np.asarray(completion_ids, dtype=np.int32)
+            row["completion_ids"] = comp
+            row["completion_logprobs"] = (
+                None if completion_logprobs is None else np.asarray(completion_logprobs, dtype=np.float32)
+            )
+            if prompt_ids is None:
+                row.update(prompt_base_row=-1, prompt_base_len=0, prompt_tail_ids=None)
+            else:
+                prompt = np.asarray(prompt_ids, dtype=np.int32)
+                base, n = -1, 0
+                for r in reversed(self._recent):
+                    k = _common_prefix(r.seq, prompt)
+                    if k > n:
+                        base, n = r.row, k
+                row.update(prompt_base_row=base, prompt_base_len=n, prompt_tail_ids=prompt[n:])
+                seq = prompt if comp is None else np.concatenate([prompt, comp])
+                self._recent.append(_Recent(self._rows, seq))
+                if len(self._recent) > self.keep:
+                    self._recent.pop(0)
+            self._write(row)
+            self._rows += 1
+            return self._rows - 1
+
+    def end(self, reward: float | None, metadata: dict[str, Any] | None = None) -> None:
+        """Write the end record and close the file: from now on the episode reads as finished."""
+        with self._lock:
+            if self.finished:
+                raise EpisodeFinished(f"episode {self.episode_id!r} has already ended")
+            self._write(
+                dict(
+                    kind=KIND_END,
+                    episode_id=self.episode_id,
+                    reward=None if reward is None else float(reward),
+                    metadata=json.dumps(metadata or {}, sort_keys=True),
+                )
+            )
+            self.finished = True
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # writes the end-of-stream marker
+            self._sync()
+            self._file.close()
+            self._writer = None
+            self._recent.clear()
+
+    def close(self) -> None:
+        """Close without ending the episode (proxy shutdown): a later writer appends to it."""
+        with self._lock:
+            self._close_locked()

@@ -1,0 +1,62 @@
+"""The episode log schema: the one definition shared by the addon's writer and every reader.
+
+One file per episode, ``LOGDIR/<episode_id>.arrow``, in the Arrow IPC *stream* format, one record
+batch per row, flushed per row, so a reader (or a proxy killed with SIGKILL) never sees more than
+one torn batch at the end, and every batch before it is readable.
+
+Rows are of two kinds:
+- ``kind == "call"``: one model call (one choice of it when the harness asked for ``n > 1``).
+- ``kind == "end"``: the episode's end record (reward + metadata), always the last row. A file
+  whose last row is an end record is a finished episode; anything else is still running (or was
+  cut off).
+
+Prompts are stored compressed against an earlier row of the same episode: ``prompt_base_row``
+names the earlier call row by its position among the file's call rows (-1: none),
+``prompt_base_len`` how many leading tokens of that row's prompt+completion sequence this prompt
+shares, and ``prompt_tail_ids`` the rest. Storing every
+full prompt would be O(N^2) in the number of turns. ``read_log`` always returns full prompt_ids.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+KIND_CALL = "call"
+KIND_END = "end"
+
+# Columns in file order. Nullable everywhere: a call that failed has no ids, an end row no api.
+FIELDS: list[pa.Field] = [
+    pa.field("kind", pa.string()),
+    pa.field("episode_id", pa.string()),
+    pa.field("call_index", pa.int32()),
+    pa.field("choice", pa.int32()),
+    pa.field("api", pa.string()),  # chat | completions | responses | messages
+    pa.field("dialect", pa.string()),  # vllm | sglang
+    pa.field("model", pa.string()),
+    pa.field("status", pa.int32()),  # upstream HTTP status (null: no response at all)
+    pa.field("error", pa.string()),  # null when the call is complete and has its ids
+    pa.field("stream", pa.bool_()),
+    pa.field("t_start", pa.float64()),  # unix seconds: request received from the harness
+    pa.field("t_first_byte", pa.float64()),  # first response byte from upstream
+    pa.field("t_end", pa.float64()),  # response finished (or failed)
+    pa.field("request", pa.string()),  # JSON as the harness sent it, secrets redacted
+    pa.field("response", pa.string()),  # JSON as the harness received it (streams reassembled)
+    pa.field("prompt_base_row", pa.int32()),
+    pa.field("prompt_base_len", pa.int32()),
+    pa.field("prompt_tail_ids", pa.list_(pa.int32())),
+    pa.field("completion_ids", pa.list_(pa.int32())),
+    pa.field("completion_logprobs", pa.list_(pa.float32())),
+    pa.field("finish_reason", pa.string()),
+    pa.field("weight_version", pa.string()),
+    pa.field("auxiliary", pa.bool_()),  # e.g. Claude Code's title call: recorded, not trained
+    pa.field("notes", pa.list_(pa.string())),  # normalizations applied, fields dropped, warnings
+    pa.field("reward", pa.float64()),  # end rows only
+    pa.field("metadata", pa.string()),  # end rows only: JSON
+]
+
+SCHEMA = pa.schema(FIELDS, metadata={b"polar.log.schema_version": str(SCHEMA_VERSION).encode()})
+COLUMNS = [f.name for f in FIELDS]
+
+# What read_log returns in place of the three compressed prompt columns.
+READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_ids")

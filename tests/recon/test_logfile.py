@@ -1,0 +1,113 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from polar_recon import EpisodeWriter, LogError, read_episode, read_log
+from polar_recon.logfile import EpisodeFinished, episode_path
+
+
+def _write_growing(w, n, grow=50):
+    prompt, rows = [], []
+    for i in range(n):
+        prompt = prompt + list(range(1000 + i * grow, 1000 + (i + 1) * grow))
+        comp = [7, 8, 9, i]
+        w.append_call(call_index=w.next_call_index(), prompt_ids=prompt, completion_ids=comp,
+                      completion_logprobs=[-0.5] * 4, api="chat", stream=True)
+        rows.append((list(prompt), comp))
+        prompt = prompt + comp
+    return rows
+
+
+def test_roundtrip_full_prompts_and_compression(tmp_path):
+    p = tmp_path / "ep1.arrow"
+    w = EpisodeWriter(p, "ep1")
+    rows = _write_growing(w, 20, grow=1500)
+    df = read_log(p)
+    assert df.height == 20
+    assert [r for r in df["prompt_ids"].to_list()] == [r[0] for r in rows]
+    assert df["completion_ids"].to_list() == [r[1] for r in rows]
+    ep = read_episode(p)
+    assert not ep.finished
+    w.end(1.5, {"task": "t"})
+    ep = read_episode(p)
+    assert ep.finished and ep.reward == 1.5 and ep.metadata == {"task": "t"}
+    # stored bytes grow linearly, not quadratically: about the distinct tokens, not every prompt
+    distinct_tokens = len(rows[-1][0]) + 4
+    assert os.path.getsize(p) < distinct_tokens * 4 * 1.5
+
+
+def test_missing_ids_stay_null(tmp_path):
+    p = tmp_path / "e.arrow"
+    w = EpisodeWriter(p, "e")
+    w.append_call(call_index=0, prompt_ids=None, completion_ids=None, completion_logprobs=None,
+                  error="server returned no token ids")
+    df = read_log(p)
+    assert df["prompt_ids"][0] is None and df["completion_ids"][0] is None
+    assert df["error"][0] == "server returned no token ids"
+
+
+def test_reopen_appends_and_end_refuses_more(tmp_path):
+    p = tmp_path / "e.arrow"
+    w = EpisodeWriter(p, "e")
+    _write_growing(w, 3)
+    w.close()
+    w2 = EpisodeWriter(p, "e")
+    assert w2.next_call_index() == 3
+    w2.append_call(call_index=3, prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-1.0])
+    w2.end(0.0)
+    assert read_log(p).height == 4
+    with pytest.raises(EpisodeFinished):
+        EpisodeWriter(p, "e")
+
+
+def test_torn_tail_is_cut_and_earlier_rows_survive(tmp_path):
+    p = tmp_path / "e.arrow"
+    w = EpisodeWriter(p, "e")
+    _write_growing(w, 5)
+    with open(p, "ab") as f:  # a batch cut off mid-write
+        f.write(b"\xff\xff\xff\xff\x10\x01\x00\x00garbage")
+    ep = read_episode(p)
+    assert ep.truncated and ep.calls.height == 5
+    w2 = EpisodeWriter(p, "e")
+    w2.append_call(call_index=5, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-1.0])
+    ep = read_episode(p)
+    assert ep.calls.height == 6 and not ep.truncated
+
+
+def test_sigkill_mid_episode_keeps_completed_rows(tmp_path):
+    p = tmp_path / "k.arrow"
+    code = textwrap.dedent(f"""
+        import sys, time
+        from polar_recon import EpisodeWriter
+        w = EpisodeWriter({str(p)!r}, "k")
+        for i in range(10):
+            w.append_call(call_index=i, prompt_ids=list(range(i * 10)), completion_ids=[i],
+                          completion_logprobs=[-0.1])
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    df = read_log(p)
+    assert df.height == 10 and df["prompt_ids"].to_list()[9] == list(range(90))
+
+
+def test_garbage_file_is_a_clear_error(tmp_path):
+    p = tmp_path / "bad.arrow"
+    p.write_bytes(b"this is not arrow")
+    with pytest.raises(LogError, match="bad.arrow"):
+        read_log(p)
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", ".", "..", "x" * 129, "é", "a b"])
+def test_episode_ids_never_escape(tmp_path, bad):
+    with pytest.raises(ValueError, match="invalid episode id"):
+        episode_path(tmp_path, bad)
