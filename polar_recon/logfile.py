@@ -136,6 +136,27 @@ def _full_prompts(table: pa.Table) -> list[list[int] | None]:
     return prompts
 
 
+def _full_requests(table: pa.Table) -> list[str | None]:
+    """Undo the request delta: each call row's request is relative to the previous call row's."""
+    mids = table.column("request").to_pylist()
+    pres = table.column("request_prefix_len").to_pylist()
+    sufs = table.column("request_suffix_len").to_pylist()
+    prev = b""
+    out: list[str | None] = []
+    for i, (mid, p, s) in enumerate(zip(mids, pres, sufs)):
+        if mid is None:
+            out.append(None)
+            prev = b""
+            continue
+        p, s = p or 0, s or 0
+        if p + s > len(prev):
+            raise LogError(f"row {i}: request delta needs {p}+{s} bytes of a {len(prev)}-byte base")
+        full = prev[:p] + mid.encode() + prev[len(prev) - s :]
+        out.append(full.decode())
+        prev = full
+    return out
+
+
 def read_episode(path: str | os.PathLike) -> EpisodeLog:
     path = Path(path)
     if not path.exists():
@@ -155,8 +176,11 @@ def read_episode(path: str | os.PathLike) -> EpisodeLog:
     calls = table.filter(call_mask) if len(kinds) else table
     try:
         prompts = _full_prompts(calls)
+        requests = _full_requests(calls)
     except LogError as exc:
         raise LogError(f"{path}: {exc}") from exc
+    calls = calls.set_column(calls.schema.get_field_index("request"), "request",
+                             pa.array(requests, type=pa.string()))
     calls = calls.drop_columns(list(READ_DROP)).append_column(
         pa.field("prompt_ids", pa.list_(pa.int32())), pa.array(prompts, type=pa.list_(pa.int32()))
     )
@@ -191,10 +215,52 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else n
 
 
+def _utf8_start(b: bytes, i: int) -> int:
+    """Move i back to the start of the UTF-8 character it points into."""
+    while 0 < i < len(b) and (b[i] & 0xC0) == 0x80:
+        i -= 1
+    return i
+
+
+def request_delta(prev: bytes, new: bytes) -> tuple[int, int, bytes]:
+    """(prefix_len, suffix_len, middle): new == prev[:p] + middle + prev[len(prev)-s:], cut on
+    UTF-8 character boundaries. Agent requests resend the history and the tools every call, so
+    the middle is the new turns only."""
+    if not prev:
+        return 0, 0, new
+    a = np.frombuffer(prev, dtype=np.uint8)
+    b = np.frombuffer(new, dtype=np.uint8)
+    n = min(len(a), len(b))
+    p = _common_prefix(a, b)
+    p = _utf8_start(new, p)
+    # the suffix may not overlap the prefix in either string
+    m = n - p
+    ra, rb = a[len(a) - m :][::-1], b[len(b) - m :][::-1]
+    s = _common_prefix(ra, rb) if m > 0 else 0
+    while s > 0 and (new[len(new) - s] & 0xC0) == 0x80:  # never start inside a character
+        s -= 1
+    return p, s, new[p : len(new) - s]
+
+
 @dataclass
 class _Recent:
     row: int
     seq: np.ndarray  # prompt + completion
+
+
+# zstd per buffer: token ids and JSON text of one call compress 2-4x; readers decompress
+# transparently (any Arrow IPC reader).
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+def read_file_order_requests(path: Path) -> str | None:
+    """The full request of the last call row in file order (the next row's delta base)."""
+    batches, _, _, _ = _read_batches(path)
+    table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
+    kinds = table.column("kind").to_pylist()
+    calls = table.filter(pa.array([k == KIND_CALL for k in kinds], type=pa.bool_())) if kinds else table
+    reqs = _full_requests(calls)
+    return reqs[-1] if reqs else None
 
 
 class EpisodeWriter:
@@ -209,10 +275,11 @@ class EpisodeWriter:
         self._recent: list[_Recent] = []
         self._rows = 0  # call rows on disk
         self._next_call = 0
+        self._last_request = b""  # the previous call row's full request (delta base)
         self.finished = False
         self._recover()
         self._file = pa.OSFile(str(self.path), "ab")
-        self._writer = pa.ipc.new_stream(self._file, SCHEMA)
+        self._writer = pa.ipc.new_stream(self._file, SCHEMA, options=_WRITE_OPTIONS)
         self._sync()
 
     def _recover(self) -> None:
@@ -230,12 +297,18 @@ class EpisodeWriter:
         calls = ep.calls
         self._rows = calls.height
         if calls.height:
+            last = read_file_order_requests(self.path)
+            self._last_request = last.encode() if last else b""
             self._next_call = int(calls["call_index"].max()) + 1
             tail = calls.tail(self.keep)
             start = calls.height - tail.height
             for j, (p, c) in enumerate(zip(tail["prompt_ids"].to_list(), tail["completion_ids"].to_list())):
                 if p is not None:
                     self._recent.append(_Recent(start + j, np.asarray(p + (c or []), dtype=np.int32)))
+
+    @property
+    def calls_written(self) -> int:
+        return self._rows
 
     def next_call_index(self) -> int:
         with self._lock:
@@ -275,6 +348,15 @@ class EpisodeWriter:
             row = dict(fields)
             row.update(kind=KIND_CALL, episode_id=self.episode_id, call_index=call_index)
             row.setdefault("choice", 0)
+            req = row.get("request")
+            if req is None:
+                row.update(request_prefix_len=None, request_suffix_len=None)
+                self._last_request = b""
+            else:
+                full = req.encode() if isinstance(req, str) else bytes(req)
+                p, s, mid = request_delta(self._last_request, full)
+                row.update(request=mid.decode(), request_prefix_len=p, request_suffix_len=s)
+                self._last_request = full
             comp = None if completion_ids is None else np.asarray(completion_ids, dtype=np.int32)
             row["completion_ids"] = comp
             row["completion_logprobs"] = (

@@ -15,12 +15,14 @@ names the earlier call row by its position among the file's call rows (-1: none)
 ``prompt_base_len`` how many leading tokens of that row's prompt+completion sequence this prompt
 shares, and ``prompt_tail_ids`` the rest. Storing every
 full prompt would be O(N^2) in the number of turns. ``read_log`` always returns full prompt_ids.
+The request text is stored the same way (against the previous call row), and every record batch
+is zstd-compressed (Arrow IPC body compression), so a growing episode costs about its new tokens.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 KIND_CALL = "call"
 KIND_END = "end"
@@ -40,7 +42,12 @@ FIELDS: list[pa.Field] = [
     pa.field("t_start", pa.float64()),  # unix seconds: request received from the harness
     pa.field("t_first_byte", pa.float64()),  # first response byte from upstream
     pa.field("t_end", pa.float64()),  # response finished (or failed)
-    pa.field("request", pa.string()),  # JSON as the harness sent it, secrets redacted
+    # JSON as the harness sent it, secrets redacted. On disk: only the part that differs from the
+    # previous call row's request (file order); the first request_prefix_len and last
+    # request_suffix_len UTF-8 bytes are that earlier request's. read_log returns it whole.
+    pa.field("request", pa.string()),
+    pa.field("request_prefix_len", pa.int32()),
+    pa.field("request_suffix_len", pa.int32()),
     pa.field("response", pa.string()),  # JSON as the harness received it (streams reassembled)
     pa.field("prompt_base_row", pa.int32()),
     pa.field("prompt_base_len", pa.int32()),
@@ -59,4 +66,4 @@ SCHEMA = pa.schema(FIELDS, metadata={b"polar.log.schema_version": str(SCHEMA_VER
 COLUMNS = [f.name for f in FIELDS]
 
 # What read_log returns in place of the three compressed prompt columns.
-READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_ids")
+READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_ids", "request_prefix_len", "request_suffix_len")

@@ -1,0 +1,197 @@
+"""One model call through the proxy (sans-IO): the rewritten request, the response transform, and
+the log rows it becomes. The mitmproxy hooks in polar_addon.py only move bytes in and out."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import orjson
+
+from . import chat, completions
+from .capture import CallCapture, dumps_like_python
+from .dialects import Plan, plan_request, strip_response
+from .redact import SECRET_KEYS, redact_json
+from .stream import StreamFilter, TranslatedStream
+
+API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
+_SECRET_NEEDLES = tuple(k.encode() for k in SECRET_KEYS)
+MAX_ERROR_BODY = 2000
+
+
+class BadRequest(Exception):
+    """A request body the proxy cannot rewrite; passed through, recorded as the row's error."""
+
+
+def add_fields(raw: bytes, body: dict, added: dict[str, Any]) -> bytes:
+    """The body with ``added`` set. When none of the keys is present the fields are spliced in
+    before the final ``}`` (no re-serialization of an 80 KB body); otherwise re-serialize."""
+    if not added:
+        return raw
+    end = raw.rfind(b"}")
+    if end < 0 or any(k in body for k in added):
+        return dumps_like_python({**body, **added})
+    ins = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in added.items())
+    return raw[:end] + (b"," if body else b"") + ins + raw[end:]
+
+
+def log_request_text(raw: bytes, body: Any) -> str:
+    """The request as the harness sent it, with secret fields redacted."""
+    low = raw.lower()
+    if body is not None and any(n in low for n in _SECRET_NEEDLES):
+        redacted = redact_json(body)
+        if redacted != body:
+            return dumps_like_python(redacted).decode()
+    return raw.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Call:
+    episode_id: str
+    call_index: int
+    api: str  # chat | completions | responses | messages
+    dialect: str
+    t_start: float
+    request_text: str
+    model: str | None = None
+    stream: bool = False
+    plan: Plan | None = None
+    cap: CallCapture | None = None
+    translator: Any = None
+    transform: Any = None  # StreamFilter | TranslatedStream while streaming
+    status: int | None = None
+    t_first_byte: float | None = None
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    response_text: str | None = None
+    auxiliary: bool = False
+    reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
+
+    @property
+    def module(self):
+        return API_MODULES[self.api]
+
+
+def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
+    """Parse and rewrite the request. Returns the body to send upstream, or None to pass the
+    harness's request through untouched (bad JSON: the server answers it as it would directly)."""
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as exc:
+        call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
+        return None
+    call.request_text = log_request_text(raw, body)
+    if not isinstance(body, dict):
+        call.errors.append(f"request body is a JSON {type(body).__name__}, not an object; passed through unmodified")
+        return None
+    call.model = body.get("model") if isinstance(body.get("model"), str) else None
+    if call.translator is not None:
+        chat_body = call.translator.request_to_chat(body, headers)
+        call.notes.extend(getattr(call.translator, "notes", []) or [])
+        call.auxiliary = bool(getattr(call.translator, "auxiliary", False))
+        call.plan = plan_request("chat", call.dialect, chat_body)
+        call.stream = call.plan.stream
+        return dumps_like_python({**chat_body, **call.plan.added})
+    call.plan = plan_request(call.api, call.dialect, body)
+    call.stream = call.plan.stream
+    return add_fields(raw, body, call.plan.added)
+
+
+def start_response(call: Call, status: int, content_type: str) -> Any:
+    """At the response headers: the stream transform to install, or None (read whole body)."""
+    call.status = status
+    call.t_first_byte = time.time()
+    if call.plan is None or not (200 <= status < 300) or "text/event-stream" not in content_type:
+        return None
+    call.cap = CallCapture(call.plan)
+    mod = API_MODULES["chat" if call.translator is not None else call.api]
+    if call.translator is not None:
+        call.transform = TranslatedStream(call.cap, mod.extract, call.translator, mod.Assembler())
+    else:
+        call.transform = StreamFilter(call.cap, mod.extract, mod.Assembler())
+    return call.transform
+
+
+def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
+    """A whole (non-streamed) response: returns the bytes for the harness, or None if unchanged."""
+    call.status = status
+    if call.t_first_byte is None:
+        call.t_first_byte = time.time()
+    if not (200 <= status < 300):
+        call.errors.append(f"upstream status {status}: {body[:MAX_ERROR_BODY].decode('utf-8', 'replace')}")
+        if call.translator is not None and call.plan is not None:
+            new_status, new_body, ctype = call.translator.error_from_chat(status, body)
+            call.reply = (new_status, ctype)
+            call.response_text = new_body.decode("utf-8", "replace")
+            return new_body
+        call.response_text = body.decode("utf-8", "replace")
+        return None
+    if call.plan is None:
+        call.response_text = body.decode("utf-8", "replace")
+        return None
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        call.errors.append(f"response is not JSON ({exc}); passed through")
+        call.response_text = body.decode("utf-8", "replace")
+        return None
+    if not isinstance(obj, dict):
+        call.errors.append("response is not a JSON object; passed through")
+        call.response_text = body.decode("utf-8", "replace")
+        return None
+    call.cap = CallCapture(call.plan)
+    mod = API_MODULES["chat" if call.translator is not None else call.api]
+    mod.extract(call.cap, obj)
+    if call.translator is not None:
+        out = dumps_like_python(call.translator.response_from_chat(obj))
+        call.response_text = out.decode()
+        return out
+    changed = strip_response(call.plan, obj)
+    if changed:
+        out = dumps_like_python(obj)
+        call.response_text = out.decode()
+        return out
+    call.response_text = body.decode("utf-8", "replace")
+    return None
+
+
+def finish_stream(call: Call, error: str | None = None) -> None:
+    """The stream ended (completely, or with ``error``)."""
+    t = call.transform
+    if t is None:
+        return
+    if error is None and not t.closed:
+        t.close()
+    if error is None and not t.saw_done:
+        call.errors.append("stream ended without [DONE]")
+    if getattr(t, "mid_stream_error", None) is not None:
+        call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
+    call.response_text = t.response_text()
+    call.transform = None
+
+
+def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
+    """The log rows of a finished call: one per choice (one with no ids if nothing came back)."""
+    errors = list(call.errors)
+    if error:
+        errors.append(error)
+    notes = list(call.notes)
+    base = dict(
+        api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
+        t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
+        response=call.response_text, auxiliary=call.auxiliary,
+    )
+    if call.cap is None:
+        if not errors:
+            errors.append("no token ids: the response was not captured")
+        return [dict(base, choice=0, prompt_ids=None, completion_ids=None, completion_logprobs=None,
+                     error="; ".join(errors), notes=notes or None)]
+    out = []
+    for r in call.cap.rows():
+        missing = r.pop("missing")
+        errs = errors + ([missing] if missing else [])
+        out.append(dict(base, **r, weight_version=call.cap.weight_version,
+                        error="; ".join(errs) or None, notes=(notes + call.cap.notes) or None))
+    call.cap.free()
+    return out

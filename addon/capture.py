@@ -1,0 +1,115 @@
+"""What one model call captured (sans-IO): token ids and logprobs per choice, accumulated as
+compact arrays (never per-token Python objects), and the rows they become.
+
+Ids arrive as JSON lists; ``array('i').extend`` stores them at 4 bytes a token, and the accumulator
+is dropped when the flow ends (a finished flow's buffers must not wait for the cyclic GC).
+"""
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .dialects import Plan
+
+
+def dumps_like_python(obj: Any) -> bytes:
+    """Re-serialize the way Python JSON servers do (FastAPI: compact separators, UTF-8 kept), so an
+    event the proxy changed differs from the server's bytes only where it removed something."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode()
+
+
+class ChoiceAcc:
+    __slots__ = ("ids", "lps", "lp_count_bad", "finish", "prompt", "seen_ids", "seen_lps")
+
+    def __init__(self) -> None:
+        self.ids = array("i")
+        self.lps = array("f")
+        self.lp_count_bad = False
+        self.finish: str | None = None
+        self.prompt: array | None = None  # per-choice prompt (SGLang / completions)
+        self.seen_ids = False
+        self.seen_lps = False
+
+    def add_ids(self, ids: Any) -> None:
+        if isinstance(ids, list):
+            self.ids.extend(ids)
+            self.seen_ids = True
+
+    def set_ids(self, ids: Any) -> None:
+        if isinstance(ids, list):
+            self.ids = array("i", ids)
+            self.seen_ids = True
+
+    def add_lps(self, values: list) -> None:
+        try:
+            self.lps.extend(-9999.0 if v is None else v for v in values)
+            self.seen_lps = True
+        except TypeError:
+            self.lp_count_bad = True
+
+
+@dataclass
+class CallCapture:
+    plan: Plan
+    prompt: array | None = None  # shared prompt (vLLM chat, SGLang sglext)
+    choices: dict[int, ChoiceAcc] = field(default_factory=dict)
+    weight_version: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def choice(self, index: Any) -> ChoiceAcc:
+        i = index if isinstance(index, int) else 0
+        acc = self.choices.get(i)
+        if acc is None:
+            acc = self.choices[i] = ChoiceAcc()
+        return acc
+
+    def set_prompt(self, ids: Any) -> None:
+        if isinstance(ids, list):
+            self.prompt = array("i", ids)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per choice: prompt_ids, completion_ids, completion_logprobs, finish_reason,
+        error (explicit text when ids are missing: never an empty list standing for 'none')."""
+        indices = sorted(set(range(self.plan.n)) | set(self.choices))
+        out = []
+        for i in indices:
+            acc = self.choices.get(i) or ChoiceAcc()
+            prompt = acc.prompt if acc.prompt is not None else self.prompt
+            errors = []
+            if prompt is None:
+                errors.append("server returned no prompt token ids")
+            if not acc.seen_ids:
+                errors.append("server returned no completion token ids")
+            comp = np.frombuffer(acc.ids, dtype=np.int32) if acc.seen_ids else None
+            if comp is not None and self.plan.echo and prompt is not None and len(comp) >= len(prompt):
+                comp = comp[len(prompt):]  # echo prepends the prompt ids to token_ids
+            lps = None
+            if acc.seen_lps and not acc.lp_count_bad and comp is not None:
+                lps = np.frombuffer(acc.lps, dtype=np.float32)
+                if len(lps) != len(comp):
+                    self.notes.append(f"choice {i}: {len(lps)} logprobs for {len(comp)} completion ids; logprobs dropped")
+                    lps = None
+            elif comp is not None:
+                self.notes.append(f"choice {i}: server returned no logprobs")
+            out.append(
+                dict(
+                    choice=i,
+                    prompt_ids=None if prompt is None or errors else np.frombuffer(prompt, dtype=np.int32),
+                    completion_ids=None if errors else comp,
+                    completion_logprobs=None if errors else lps,
+                    finish_reason=acc.finish,
+                    missing="; ".join(errors) or None,
+                )
+            )
+        return out
+
+    def free(self) -> None:
+        self.choices = {}
+        self.prompt = None
+
+
+ExtractFn = Callable[[CallCapture, dict], None]

@@ -1,0 +1,127 @@
+"""POST /v1/chat/completions (sans-IO): where the ids and logprobs sit in a response or stream
+chunk of each dialect, and how a stream is reassembled into the one response the harness got."""
+from __future__ import annotations
+
+from typing import Any
+
+from .capture import CallCapture
+
+
+def _content_logprobs(ch: dict) -> list | None:
+    lp = ch.get("logprobs")
+    if isinstance(lp, dict):
+        content = lp.get("content")
+        if isinstance(content, list):
+            return [e.get("logprob") if isinstance(e, dict) else None for e in content]
+    return None
+
+
+def extract(cap: CallCapture, obj: dict) -> None:
+    """Take ids/logprobs out of one chat response object or stream chunk (before stripping)."""
+    if isinstance(obj.get("prompt_token_ids"), list):  # vLLM, top level
+        cap.set_prompt(obj["prompt_token_ids"])
+    ext = obj.get("sglext")
+    if isinstance(ext, dict):  # SGLang streaming: one final chunk with all ids
+        cap.set_prompt(ext.get("input_ids"))
+        outs = ext.get("output_ids")
+        if isinstance(outs, list):
+            if outs and not isinstance(outs[0], list):
+                outs = [outs]
+            for i, ids in enumerate(outs):
+                cap.choice(i).set_ids(ids)
+    meta = obj.get("meta_info")
+    if isinstance(meta, dict) and meta.get("weight_version") is not None:
+        cap.weight_version = str(meta["weight_version"])
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return
+    for ch in choices:
+        if not isinstance(ch, dict):
+            continue
+        acc = cap.choice(ch.get("index", 0))
+        if isinstance(ch.get("prompt_token_ids"), list):  # SGLang non-streaming
+            acc.prompt = None
+            cap.set_prompt(ch["prompt_token_ids"])
+        if "token_ids" in ch:  # vLLM (stream deltas / full list)
+            acc.add_ids(ch["token_ids"])
+        if "response_token_ids" in ch:  # SGLang non-streaming
+            acc.set_ids(ch["response_token_ids"])
+        lps = _content_logprobs(ch)
+        if lps is not None:
+            acc.add_lps(lps)
+        if ch.get("finish_reason") is not None:
+            acc.finish = ch["finish_reason"]
+
+
+class Assembler:
+    """Rebuilds a chat.completion object from the (harness-visible) stream chunks."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage: Any = None
+
+    def add(self, chunk: dict) -> None:
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model") if k in chunk}
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+        for ch in chunk.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            i = ch.get("index", 0)
+            c = self.choices.setdefault(i, {"index": i, "message": {}, "finish_reason": None, "_parts": {}})
+            delta = ch.get("delta") or {}
+            if isinstance(delta, dict):
+                for k, v in delta.items():
+                    if k == "tool_calls" and isinstance(v, list):
+                        self._tool_calls(c, v)
+                    elif isinstance(v, str) and k != "role":
+                        c["_parts"].setdefault(k, []).append(v)
+                    elif v is not None:
+                        c["message"][k] = v
+            if ch.get("finish_reason") is not None:
+                c["finish_reason"] = ch["finish_reason"]
+            lp = ch.get("logprobs")
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                c.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
+
+    @staticmethod
+    def _tool_calls(c: dict, deltas: list) -> None:
+        calls = c["message"].setdefault("tool_calls", [])
+        for d in deltas:
+            if not isinstance(d, dict):
+                continue
+            i = d.get("index", len(calls))
+            while len(calls) <= i:
+                calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            tc = calls[i]
+            if d.get("id"):
+                tc["id"] = d["id"]
+            if d.get("type"):
+                tc["type"] = d["type"]
+            fn = d.get("function") or {}
+            if fn.get("name"):
+                tc["function"]["name"] += fn["name"]
+            if fn.get("arguments"):
+                tc["function"]["arguments"] += fn["arguments"]
+
+    def result(self) -> dict:
+        choices = []
+        for i in sorted(self.choices):
+            c = self.choices[i]
+            msg = {"role": "assistant", **c["message"]}
+            for k, parts in c.pop("_parts").items():
+                msg[k] = "".join(parts)
+            c["message"] = msg
+            choices.append(c)
+        out = {**self.head, "object": "chat.completion", "choices": choices}
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
+
+
+def text_of(choice_obj: dict) -> str:
+    """The generated text of one reassembled / non-stream choice (content + reasoning)."""
+    msg = choice_obj.get("message") or {}
+    return "".join(str(msg.get(k) or "") for k in ("reasoning", "reasoning_content", "content"))

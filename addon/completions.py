@@ -1,0 +1,78 @@
+"""POST /v1/completions (sans-IO): ids sit on each choice in both dialects (``prompt_token_ids``
+on the first chunk of a choice, ``token_ids`` deltas); logprobs use the legacy
+``{tokens, token_logprobs, top_logprobs, text_offset}`` shape."""
+from __future__ import annotations
+
+from typing import Any
+
+from .capture import CallCapture
+
+
+def extract(cap: CallCapture, obj: dict) -> None:
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return
+    for ch in choices:
+        if not isinstance(ch, dict):
+            continue
+        acc = cap.choice(ch.get("index", 0))
+        if isinstance(ch.get("prompt_token_ids"), list):
+            acc.prompt = _arr(ch["prompt_token_ids"])
+        if "token_ids" in ch:
+            acc.add_ids(ch["token_ids"])
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("token_logprobs"), list):
+            acc.add_lps(lp["token_logprobs"])
+        if ch.get("finish_reason") is not None:
+            acc.finish = ch["finish_reason"]
+
+
+def _arr(ids: list):
+    from array import array
+
+    return array("i", ids)
+
+
+class Assembler:
+    """Rebuilds a text_completion object from the (harness-visible) stream chunks."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage: Any = None
+
+    def add(self, chunk: dict) -> None:
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model") if k in chunk}
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+        for ch in chunk.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            i = ch.get("index", 0)
+            c = self.choices.setdefault(i, {"index": i, "text": [], "finish_reason": None})
+            if isinstance(ch.get("text"), str):
+                c["text"].append(ch["text"])
+            if ch.get("finish_reason") is not None:
+                c["finish_reason"] = ch["finish_reason"]
+            lp = ch.get("logprobs")
+            if isinstance(lp, dict):
+                agg = c.setdefault("logprobs", {})
+                for k, v in lp.items():
+                    if isinstance(v, list):
+                        agg.setdefault(k, []).extend(v)
+
+    def result(self) -> dict:
+        choices = []
+        for i in sorted(self.choices):
+            c = dict(self.choices[i])
+            c["text"] = "".join(c["text"])
+            choices.append(c)
+        out = {**self.head, "object": "text_completion", "choices": choices}
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
+
+
+def text_of(choice_obj: dict) -> str:
+    return str(choice_obj.get("text") or "")

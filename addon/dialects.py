@@ -1,0 +1,165 @@
+"""Server dialects (sans-IO): which request fields make vLLM / SGLang return token ids and
+logprobs, and exactly which response fields those flags add (so the proxy can take them out again).
+
+Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
+- vLLM, chat and completions: ``return_token_ids: true``. Chat puts ``prompt_token_ids`` top level
+  (streams: on the first chunk) and ``token_ids`` on each choice; completions put both on the
+  choice. Where vLLM writes these keys as ``null`` when not requested the proxy puts ``null`` back,
+  elsewhere it deletes them (``ID_FIELDS``). With the flag vLLM also sends chat chunks whose delta
+  is empty; the proxy drops them and moves their logprobs to the next chunk, where they would
+  have been.
+- SGLang, non-streaming chat: ``return_prompt_token_ids`` / ``return_token_ids`` give
+  ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids``. Streaming chat rejects those
+  flags: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` add a final
+  ``choices: []`` chunk carrying ``sglext: {input_ids, output_ids}``, which exists only because of
+  the flags and is dropped whole. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
+  ``token_ids`` on the choice. SGLang leaves unrequested keys out, so the proxy deletes them.
+- Logprobs: chat ``logprobs: true`` (per-token ``choices[i].logprobs.content[].logprob``);
+  completions ``logprobs: 0`` (legacy ``token_logprobs``). When the harness did not ask for them,
+  the proxy asks and then sets ``choices[i].logprobs`` back to ``null`` (both servers send the key).
+
+``auto`` dialect: the addon asks the upstream's ``GET /v1/models`` once and reads ``owned_by`` of
+the first model (vLLM answers ``"vllm"``, SGLang ``"sglang"``); see ``dialect_from_models``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DIALECTS = ("vllm", "sglang")
+NULL = "null"  # put the key back as null
+DROP = "drop"  # delete the key
+
+
+@dataclass
+class Plan:
+    """What the proxy added to one request, so the response filter removes exactly that."""
+
+    api: str  # chat | completions
+    dialect: str
+    stream: bool
+    added: dict[str, Any] = field(default_factory=dict)  # request fields the proxy set
+    harness_logprobs: bool = False  # the harness asked for logprobs itself: keep them
+    n: int = 1
+    echo: bool = False
+
+    @property
+    def added_logprobs(self) -> bool:
+        return not self.harness_logprobs
+
+
+def _wants_logprobs(api: str, body: dict) -> bool:
+    lp = body.get("logprobs")
+    if api == "chat":
+        return lp is True
+    return lp is not None and lp is not False  # completions: an int (0 is a request too)
+
+
+def plan_request(api: str, dialect: str, body: dict) -> Plan:
+    """Decide the fields to add; the caller applies ``plan.added`` to the body."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown dialect {dialect!r}; expected one of {DIALECTS}")
+    stream = body.get("stream") is True
+    harness_lp = _wants_logprobs(api, body)
+    added: dict[str, Any] = {}
+    if not harness_lp:
+        added["logprobs"] = True if api == "chat" else 0
+    if dialect == "vllm":
+        added["return_token_ids"] = True
+    elif api == "chat" and stream:
+        added["return_input_ids_in_sglext"] = True
+        added["return_output_ids_in_sglext"] = True
+    elif api == "chat":
+        added["return_prompt_token_ids"] = True
+        added["return_token_ids"] = True
+    else:
+        added["return_token_ids"] = True
+    n = body.get("n")
+    return Plan(api, dialect, stream, added, harness_lp, n if isinstance(n, int) and n > 0 else 1,
+                echo=bool(body.get("echo")))
+
+
+# ------------------------------------------------------------------------------------------------
+# response field removal. Each function mutates the parsed object and returns True when it
+# changed anything (then the event / body is re-serialized; otherwise the bytes pass untouched).
+
+
+def _undo(obj: dict, key: str, how: str) -> bool:
+    if key not in obj:
+        return False
+    if how == NULL:
+        if obj[key] is None:
+            return False
+        obj[key] = None
+    else:
+        del obj[key]
+    return True
+
+
+def _strip_choices(obj: dict, keys: tuple[str, ...], how: str, plan: Plan) -> bool:
+    changed = False
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            for k in keys:
+                changed |= _undo(ch, k, how)
+            if plan.added_logprobs:
+                changed |= _undo(ch, "logprobs", NULL)
+    return changed
+
+
+# How each dialect writes an id field it was not asked for: NULL (key kept, null) or DROP (absent).
+# (dialect, api, stream) -> (top-level keys, choice keys, how). From the servers' serializers:
+# vLLM dumps whole models for non-streaming answers and chat chunks set the id keys explicitly;
+# its completions chunks only set them when asked. SGLang excludes unset id fields.
+ID_FIELDS: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...], str]] = {
+    ("vllm", "chat", False): (("prompt_token_ids",), ("token_ids",), NULL),
+    ("vllm", "chat", True): (("prompt_token_ids",), ("token_ids",), NULL),
+    ("vllm", "completions", False): ((), ("prompt_token_ids", "token_ids"), NULL),
+    ("vllm", "completions", True): ((), ("prompt_token_ids", "token_ids"), DROP),
+    ("sglang", "chat", False): ((), ("prompt_token_ids", "response_token_ids"), DROP),
+    ("sglang", "chat", True): ((), (), DROP),  # ids ride the sglext chunk instead
+    ("sglang", "completions", False): ((), ("prompt_token_ids", "token_ids"), DROP),
+    ("sglang", "completions", True): ((), ("prompt_token_ids", "token_ids"), DROP),
+}
+
+
+def _empty_chunk(obj: dict) -> bool:
+    """A vLLM chat chunk that only exists because ids were asked for: with return_token_ids vLLM
+    sends a chunk even when a token produced no text delta (wire-formats.md)."""
+    choices = obj.get("choices")
+    if not choices or obj.get("usage") is not None:
+        return False
+    return all(isinstance(ch, dict) and ch.get("delta") == {} and ch.get("finish_reason") is None for ch in choices)
+
+
+def strip_response(plan: Plan, obj: dict) -> bool | None:
+    """Remove the added fields from one response object (a stream chunk or a whole body).
+    Returns True (changed), False (unchanged) or None (drop this stream event entirely)."""
+    top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
+    changed = False
+    for k in top:
+        changed |= _undo(obj, k, how)
+    if plan.dialect == "sglang" and plan.api == "chat" and plan.stream and "sglext" in obj:
+        del obj["sglext"]
+        changed = True
+        if not obj.get("choices") and obj.get("usage") is None:
+            return None
+    changed = _strip_choices(obj, keys, how, plan) | changed
+    if plan.dialect == "vllm" and plan.api == "chat" and plan.stream and _empty_chunk(obj):
+        return None
+    return changed
+
+
+def dialect_from_models(models_body: Any) -> str | None:
+    """vllm | sglang from a /v1/models answer (owned_by of the first model), else None."""
+    try:
+        owner = str(models_body["data"][0].get("owned_by", "")).lower()
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    for d in DIALECTS:
+        if d in owner:
+            return d
+    return None

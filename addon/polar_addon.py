@@ -1,0 +1,259 @@
+"""Polar capture addon: ``mitmdump -s addon/polar_addon.py --set polar_logdir=DIR``.
+
+Thin on purpose: options and mitmproxy hooks only. The protocol logic lives in sans-IO modules
+(routing, dialects, sse, stream, chat, completions, call, redact); episode files in episodes.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+try:
+    import addon  # noqa: F401
+except ImportError:  # loaded by path (mitmdump -s) from outside an install: use the checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mitmproxy import ctx, exceptions, http
+
+from addon import call as calls
+from addon.dialects import DIALECTS, dialect_from_models
+from addon.episodes import EpisodeFinished, Episodes
+from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+
+try:
+    from addon.translate import translator_for
+except ImportError:  # the Responses/Messages translators are optional: without them, pass through
+    translator_for = None
+
+log = logging.getLogger("polar")
+META = "polar_call"
+
+
+def _json_response(status: int, obj: dict) -> http.Response:
+    return http.Response.make(status, json.dumps(obj).encode(), {"content-type": "application/json"})
+
+
+def _error_response(status: int, message: str) -> http.Response:
+    return _json_response(status, {"error": {"message": message, "type": "polar_proxy_error", "code": status}})
+
+
+def probe_dialect(base_url: str, timeout: float = 5.0) -> str | None:
+    """GET /v1/models on the upstream and read owned_by (see dialects.py)."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=timeout) as r:
+            return dialect_from_models(json.loads(r.read()))
+    except Exception as exc:  # noqa: BLE001 - any failure means "unknown"
+        log.warning("polar: dialect probe of %s failed: %s", base_url, exc)
+        return None
+
+
+class PolarAddon:
+    def __init__(self) -> None:
+        self.episodes: Episodes | None = None
+        self._auto: dict[str, str] = {}
+        self._upstream: urllib.parse.SplitResult | None = None
+
+    # -- options ----------------------------------------------------------------------------------
+    def load(self, loader) -> None:
+        loader.add_option("polar_logdir", str, "", "Directory for episode logs (<episode_id>.arrow). Required.")
+        loader.add_option("polar_dialect", str, "auto",
+                          "Inference server dialect: vllm | sglang | auto (ask the server's /v1/models owned_by).")
+        loader.add_option("polar_episode", str, "default",
+                          "Episode of calls with no x-polar-episode header and no /polar/<id>/ path prefix.")
+        loader.add_option("polar_upstream", str, "",
+                          "Forward-proxy mode: send model calls (/v1/..., /polar/...) to this server URL "
+                          "whatever host the harness names, e.g. http://127.0.0.1:8000.")
+        loader.add_option("polar_fsync", bool, False, "fsync each log row (survives power loss, slower).")
+
+    def configure(self, updated) -> None:
+        o = ctx.options
+        if "polar_dialect" in updated and o.polar_dialect not in (*DIALECTS, "auto"):
+            raise exceptions.OptionsError(f"polar_dialect must be vllm, sglang or auto, not {o.polar_dialect!r}")
+        if "polar_episode" in updated:
+            try:
+                check_episode_id(o.polar_episode, "option polar_episode")
+            except RouteError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+        if "polar_upstream" in updated:
+            self._upstream = None
+            if o.polar_upstream:
+                u = urllib.parse.urlsplit(o.polar_upstream)
+                if u.scheme not in ("http", "https") or not u.hostname:
+                    raise exceptions.OptionsError(f"polar_upstream must be an http(s) URL, not {o.polar_upstream!r}")
+                self._upstream = u
+        if "polar_logdir" in updated or "polar_fsync" in updated:
+            if not o.polar_logdir:
+                raise exceptions.OptionsError("polar_logdir is required: --set polar_logdir=DIR")
+            try:
+                os.makedirs(o.polar_logdir, exist_ok=True)
+            except OSError as exc:
+                raise exceptions.OptionsError(f"polar_logdir {o.polar_logdir!r} cannot be created: {exc}") from None
+            if not os.access(o.polar_logdir, os.W_OK):
+                raise exceptions.OptionsError(f"polar_logdir {o.polar_logdir!r} is not writable")
+            if self.episodes is not None:
+                self.episodes.close_all()
+            self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync)
+
+    # -- hooks ------------------------------------------------------------------------------------
+    async def request(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        path = req.path
+        translator = None
+        api = api_of(req.method, path)
+        if not path.startswith(PREFIX) and api is None:
+            translator = translator_for(req.method, path) if translator_for else None
+            if translator is None:
+                self._redirect(flow)
+                return  # not a model call: pass through untouched, not logged
+        try:
+            r = route(req.method, path, req.headers, ctx.options.polar_episode)
+        except RouteError as exc:
+            flow.response = _error_response(exc.status, str(exc))
+            return
+        if r.is_end:
+            self._end_episode(flow, r.episode_id)
+            return
+        if r.path != path:
+            req.path = path = r.path
+            api = api_of(req.method, path)
+            if api is None:
+                translator = translator_for(req.method, path) if translator_for else None
+        self._redirect(flow)
+        if api is None and translator is None:
+            return
+        if translator is not None:
+            api = translator.api
+        try:
+            writer = self.episodes.writer(r.episode_id)
+        except EpisodeFinished as exc:
+            flow.response = _error_response(409, f"{exc}; use a new episode id for new calls")
+            return
+        dialect = await self._dialect(flow)
+        c = calls.Call(r.episode_id, writer.next_call_index(), api, dialect, time.time(), "")
+        c.translator = translator
+        if self._prepare(flow, c):
+            flow.metadata[META] = c
+        else:
+            self._write(c)
+
+    def _prepare(self, flow: http.HTTPFlow, c: calls.Call) -> bool:
+        """Rewrite the request; False when the proxy answered it itself (the row is final)."""
+        req = flow.request
+        encoded = req.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        try:
+            raw = req.content if encoded else req.raw_content
+        except ValueError as exc:  # a content-encoding that does not decode
+            c.errors.append(f"request body could not be decoded ({exc}); passed through unmodified")
+            c.request_text = (req.raw_content or b"")[:1000].decode("utf-8", "replace")
+            return True
+        try:
+            new = calls.prepare(c, raw or b"", req.headers)
+        except Exception as exc:  # noqa: BLE001 - e.g. a translator refusing a request
+            c.errors.append(f"request could not be rewritten: {exc}")
+            flow.response = _error_response(400, f"polar proxy could not translate this request: {exc}")
+            c.status = 400
+            return False
+        if new is not None:
+            req.content = new  # re-encodes if the harness compressed it; fixes content-length
+            if c.translator is not None:
+                req.path = CHAT_PATH
+                req.headers["content-type"] = "application/json"
+            # the transforms parse the answer: ask for it uncompressed (the harness still decodes it)
+            req.headers["accept-encoding"] = "identity"
+        return True
+
+    def _redirect(self, flow: http.HTTPFlow) -> None:
+        u = self._upstream
+        if u is None or not (flow.request.path.startswith("/v1/") or flow.request.path == "/v1"):
+            return
+        base = u.path.rstrip("/")
+        flow.request.scheme = u.scheme
+        flow.request.host = u.hostname
+        flow.request.port = u.port or (443 if u.scheme == "https" else 80)
+        flow.request.path = base + flow.request.path
+        flow.request.headers["host"] = u.netloc
+
+    async def _dialect(self, flow: http.HTTPFlow) -> str:
+        opt = ctx.options.polar_dialect
+        if opt != "auto":
+            return opt
+        base = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
+        d = self._auto.get(base)
+        if d is None:
+            found = await asyncio.to_thread(probe_dialect, base)
+            d = found or "vllm"
+            if found is None:
+                log.warning("polar: could not tell the dialect of %s from /v1/models; using vllm", base)
+            self._auto[base] = d
+        return d
+
+    def _end_episode(self, flow: http.HTTPFlow, episode_id: str) -> None:
+        try:
+            reward, meta = parse_end_body(flow.request.content or b"")
+            n = self.episodes.end(episode_id, reward, meta)
+        except RouteError as exc:
+            flow.response = _error_response(400, str(exc))
+            return
+        except EpisodeFinished as exc:
+            flow.response = _error_response(409, str(exc))
+            return
+        flow.response = _json_response(200, {"episode_id": episode_id, "calls": n, "reward": reward, "ended": True})
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        c: calls.Call | None = flow.metadata.get(META)
+        if c is None or flow.response is None:
+            return
+        transform = calls.start_response(c, flow.response.status_code, flow.response.headers.get("content-type", ""))
+        if transform is not None:
+            flow.response.stream = transform
+            flow.response.headers.pop("content-length", None)  # the filter changes the length
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        c: calls.Call | None = flow.metadata.pop(META, None)
+        if c is None:
+            return
+        resp = flow.response
+        if c.transform is not None:
+            calls.finish_stream(c)
+        else:
+            try:
+                body = resp.content or b""
+            except ValueError:
+                body = resp.raw_content or b""
+            new = calls.finish_body(c, resp.status_code, body)
+            if new is not None:
+                if c.reply is not None:  # a translated error answer
+                    resp.status_code, resp.headers["content-type"] = c.reply
+                resp.content = new
+        self._write(c)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        c: calls.Call | None = flow.metadata.pop(META, None)
+        if c is None:
+            return
+        msg = flow.error.msg if flow.error else "unknown error"
+        where = "mid-stream" if c.transform is not None else "before a response"
+        calls.finish_stream(c, error=msg)
+        self._write(c, error=f"connection failed {where}: {msg}")
+
+    def _write(self, c: calls.Call, error: str | None = None) -> None:
+        try:
+            rows = calls.rows(c, time.time(), error)
+            w = self.episodes.writer(c.episode_id)
+            for row in rows:
+                w.append_call(call_index=c.call_index, **row)
+        except Exception as exc:  # noqa: BLE001 - never take the proxy down for one row
+            log.error("polar: could not log call %s of episode %s: %s", c.call_index, c.episode_id, exc)
+
+    def done(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close_all()
+
+
+addons = [PolarAddon()]

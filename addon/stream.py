@@ -1,0 +1,169 @@
+"""Streaming response transforms (sans-IO): bytes from the server in, bytes for the harness out,
+event by event as they arrive (never buffering the stream).
+
+``StreamFilter`` (chat and completions): events the proxy did not touch pass through with their
+exact bytes; an event that carried added fields is re-serialized without them; an event that only
+exists because of the proxy's flags (SGLang's sglext chunk) is dropped. ``TranslatedStream`` feeds
+the same parsed chunks to a Responses/Messages translator instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+
+from .capture import CallCapture, dumps_like_python
+from .dialects import strip_response
+from .sse import Event, SSEParser
+
+
+def serialize_event(ev: Event, data: bytes) -> bytes:
+    nl = ev.newline
+    head = b"event: " + ev.event.encode() + nl if ev.event is not None else b""
+    return head + b"data: " + data + nl + nl
+
+
+class _Base:
+    def __init__(self, cap: CallCapture, extract: Callable[[CallCapture, dict], None]):
+        self.cap = cap
+        self.extract = extract
+        self.parser = SSEParser()
+        self.saw_done = False
+        self.saw_data = False
+        self.closed = False
+
+    def _parse(self, ev: Event) -> Any:
+        try:
+            return orjson.loads(ev.data)
+        except orjson.JSONDecodeError as exc:
+            self.cap.notes.append(f"unparseable stream event passed through: {exc}")
+            return None
+
+    def __call__(self, data: bytes) -> list[bytes]:
+        """mitmproxy's ``flow.response.stream`` callable: b"" marks the end of the stream.
+        Returns a list: an empty bytes chunk would be sent as HTTP/1's end-of-body marker."""
+        out = self.close() if data == b"" else self.feed(data)
+        return [out] if out else []
+
+    def feed(self, data: bytes) -> bytes:
+        events = self.parser.feed(data)
+        if not events:
+            return b""
+        if len(events) == 1:
+            return self._event(events[0])
+        return b"".join(self._event(ev) for ev in events)
+
+    def close(self) -> bytes:
+        if self.closed:
+            return b""
+        self.closed = True
+        return b"".join(self._event(ev) for ev in self.parser.close()) + self._end()
+
+    def _end(self) -> bytes:
+        return b""
+
+    def _event(self, ev: Event) -> bytes:
+        raise NotImplementedError
+
+
+class StreamFilter(_Base):
+    def __init__(self, cap: CallCapture, extract, assembler, dumps=dumps_like_python):
+        super().__init__(cap, extract)
+        self.assembler = assembler
+        self.dumps = dumps
+
+    def _event(self, ev: Event) -> bytes:
+        if ev.data is None:  # comment / keep-alive / bare event line
+            return ev.raw
+        if ev.data == "[DONE]":
+            self.saw_done = True
+            return ev.raw
+        obj = self._parse(ev)
+        if not isinstance(obj, dict):
+            return ev.raw
+        self.saw_data = True
+        if obj.get("error") is not None and "choices" not in obj:
+            self.cap.notes.append("server sent an error event mid-stream")
+            self.mid_stream_error = obj.get("error")
+        self.extract(self.cap, obj)
+        changed = strip_response(self.cap.plan, obj)
+        if changed is None:
+            self._hold_logprobs(obj)
+            return b""
+        if self.carry:
+            changed = self._give_logprobs(obj) or changed
+        self.assembler.add(obj)
+        if not changed:
+            return ev.raw
+        return serialize_event(ev, self.dumps(obj))
+
+    mid_stream_error: Any = None
+    carry: dict | None = None  # choice index -> logprob entries of dropped chunks
+
+    def _hold_logprobs(self, obj: dict) -> None:
+        """A dropped chunk's logprobs (the harness asked for them) go with the next chunk."""
+        if not self.cap.plan.harness_logprobs:
+            return
+        for ch in obj.get("choices") or ():
+            lp = ch.get("logprobs") if isinstance(ch, dict) else None
+            if isinstance(lp, dict) and lp.get("content"):
+                if self.carry is None:
+                    self.carry = {}
+                self.carry.setdefault(ch.get("index", 0), []).extend(lp["content"])
+
+    def _give_logprobs(self, obj: dict) -> bool:
+        changed = False
+        for ch in obj.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            held = self.carry.pop(ch.get("index", 0), None)
+            if held:
+                lp = ch.get("logprobs")
+                if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                    lp["content"] = held + lp["content"]
+                else:
+                    ch["logprobs"] = {"content": held}
+                changed = True
+        return changed
+
+    def response_text(self) -> str:
+        return self.dumps(self.assembler.result()).decode()
+
+
+class TranslatedStream(_Base):
+    """Upstream chat SSE in, the translator's SSE (Responses / Messages) out."""
+
+    def __init__(self, cap: CallCapture, extract, translator, assembler):
+        super().__init__(cap, extract)
+        self.t = translator
+        self.assembler = assembler  # reassembles the upstream chat answer for the log
+        self.finished = False
+
+    def _event(self, ev: Event) -> bytes:
+        if ev.data is None:
+            return b""  # upstream keep-alives are the chat stream's, not the harness API's
+        if ev.data == "[DONE]":
+            self.saw_done = True
+            return self._finish()
+        obj = self._parse(ev)
+        if not isinstance(obj, dict):
+            return b""
+        self.saw_data = True
+        self.extract(self.cap, obj)
+        self.assembler.add(obj)
+        return self.t.feed_chunk(obj) or b""
+
+    def _finish(self) -> bytes:
+        if self.finished:
+            return b""
+        self.finished = True
+        return self.t.finish() or b""
+
+    def _end(self) -> bytes:
+        if not self.saw_done:
+            self.finished = True
+            return self.t.fail("upstream stream ended without [DONE]") or b""
+        return b""
+
+    def response_text(self) -> str:
+        return dumps_like_python(self.assembler.result()).decode()

@@ -1,0 +1,149 @@
+"""`polar-rollout`: run a harness recipe over tasks through the capture proxy, pipelined.
+
+    polar-rollout run --recipe harness_recipes/pi.toml --tasks data/tasks/tasks.jsonl --samples 2 \\
+        --proxy http://127.0.0.1:8080 --logdir LOGDIR --out OUT [--runtime local|docker]
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from . import episode as ep
+from .install import ensure_installed
+from .progress import Progress, summary_table
+from .recipe import RecipeError, load_recipe
+from .records import Records
+from .runtimes import make_runtime
+from .scheduler import Limits, Pipeline
+from .tasks import TaskError, load_swebench, load_tasks
+
+
+@click.group()
+def main() -> None:
+    """Polar's rollout node: harness recipes, runtimes, the pipelined episode runner."""
+
+
+@main.command()
+@click.option("--recipe", required=True, help="recipe file or bundled name (pi, qwen-code, codex, claude-code, ...)")
+@click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
+@click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
+@click.option("--repos", type=click.Path(file_okay=False), help="with --swebench: directory of local clones owner__name")
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
+@click.option("--proxy", required=True, help="capture proxy URL, e.g. http://127.0.0.1:8080")
+@click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
+              help="local runtime: bubblewrap sandbox")
+@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once")
+@click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--sequential", is_flag=True, help="no pipelining: one episode through all phases at a time")
+@click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
+@click.option("--recon", type=click.Choice(["build", "watch", "none"]), default="build", show_default=True,
+              help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
+@click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
+@click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtime, isolation, docker_network,
+        concurrency, prewarm, eval_concurrency, sequential, model, recon, keep_workspaces, no_progress) -> None:
+    """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
+    try:
+        rec = load_recipe(recipe)
+        tasks = _tasks(tasks_path, swebench, repos)
+    except (RecipeError, TaskError) as e:
+        raise click.UsageError(str(e)) from None
+    exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
+    opts = ({"isolation": isolation, "keep": keep_workspaces} if runtime == "local" else {"network": docker_network})
+    limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
+    code = asyncio.run(_run(rec, exe, make_runtime(runtime, **opts), tasks, samples, ep.Settings(proxy=proxy, model=model),
+                            Path(logdir), Path(out), limits, recon, not no_progress))
+    sys.exit(code)
+
+
+def _tasks(tasks_path, swebench, repos):
+    if bool(tasks_path) == bool(swebench):
+        raise TaskError("give exactly one of --tasks or --swebench")
+    if swebench:
+        if not repos:
+            raise TaskError("--swebench needs --repos DIR (local clones named owner__name)")
+        return load_swebench(swebench, repos)
+    return load_tasks(tasks_path)
+
+
+async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out: Path, limits, recon, progress) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    logdir.mkdir(parents=True, exist_ok=True)
+    pipeline = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
+    pipeline.plan(tasks, samples)
+    _cancel_on_sigterm()
+    watcher = _start_watch(logdir, out) if recon == "watch" else None
+    view = Progress(enabled=progress)
+    pipeline.on_change = view.update
+    try:
+        with view:
+            await pipeline.run()
+    finally:
+        await runtime.shutdown()
+        if watcher is not None:
+            _stop(watcher)
+    view.console.print(summary_table(pipeline, title=f"polar-rollout: {recipe.name}"))
+    if recon == "build":
+        return _build(logdir, out)
+    return 0
+
+
+def _cancel_on_sigterm() -> None:
+    # SIGTERM gets the same orderly shutdown as Ctrl-C: every episode records its status.
+    task = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
+def _start_watch(logdir: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", str(logdir), str(out)])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _build(logdir: Path, out: Path) -> int:
+    proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(out)])
+    if proc.returncode != 0:
+        click.echo(f"polar-recon build {logdir} {out} failed ({proc.returncode})", err=True)
+    return proc.returncode
+
+
+@main.command()
+@click.argument("recipe")
+def install(recipe) -> None:
+    """Install a recipe's harness CLI into .cache/harnesses/ and print its --version."""
+    from .install import installed_version
+    try:
+        r = load_recipe(recipe)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"{r.name}: {ensure_installed(r)} ({installed_version(r)})")
+
+
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+def summary(out) -> None:
+    """Print the recorded episodes of OUT as JSON lines (last record per episode)."""
+    for rec in Records(Path(out)).latest.values():
+        click.echo(json.dumps(rec, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

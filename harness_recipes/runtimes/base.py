@@ -1,0 +1,143 @@
+"""The runtime interface and the pieces every runtime shares (workspace preparation, process kill)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..tasks import Task
+
+OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
+KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+
+
+@dataclass
+class ExecResult:
+    rc: int | None  # None: killed (timeout or cancel)
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    seconds: float
+
+
+class Sandbox(ABC):
+    """One episode's isolated place: a workspace, a home, a way to run commands there."""
+
+    workspace: str  # path as the commands inside see it
+    home: str
+
+    @abstractmethod
+    async def write_file(self, path: str, content: str) -> None: ...
+
+    @abstractmethod
+    async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult: ...
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop everything still running in the sandbox and delete it; safe to call twice."""
+
+    async def changed_files(self) -> list[str]:
+        """Files the harness changed in the workspace (git status against the prepared commit)."""
+        res = await self.exec(["git", "status", "--porcelain", "--untracked-files=all"], {"PATH": os.environ["PATH"]},
+                              timeout=30, cwd=self.workspace)
+        if res.rc != 0:
+            return []
+        return [line[3:] for line in res.stdout.decode(errors="replace").splitlines() if line.strip()]
+
+
+class Runtime(ABC):
+    name: str
+
+    @abstractmethod
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox: ...
+
+    async def shutdown(self) -> None:
+        """Release anything shared by the runtime's sandboxes."""
+
+
+def _git(args: list[str], cwd: Path) -> None:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@localhost",
+           "GIT_COMMITTER_NAME": "polar", "GIT_COMMITTER_EMAIL": "polar@localhost"}
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()[-500:]}")
+
+
+def populate_workspace(task: Task, dest: Path) -> None:
+    """Copy or check out the task's workspace into dest and commit it, so changes show in git status."""
+    if task.git_repo is not None:
+        # --local --no-hardlinks: a private copy, nothing fetched over the network.
+        _git(["clone", "-q", "--no-hardlinks", str(task.git_repo), str(dest)], dest.parent)
+        _git(["checkout", "-q", task.git_commit], dest)
+    else:
+        if task.workspace_dir is not None:
+            shutil.copytree(task.workspace_dir, dest, symlinks=True)
+        else:
+            dest.mkdir(parents=True)
+        if not (dest / ".git").exists():
+            _git(["init", "-q"], dest)
+            _git(["add", "-A"], dest)
+            _git(["commit", "-q", "--allow-empty", "-m", "task workspace"], dest)
+    if task.setup_patch:
+        (dest / ".polar-setup.patch").write_text(task.setup_patch)
+        _git(["apply", ".polar-setup.patch"], dest)
+        (dest / ".polar-setup.patch").unlink()
+        _git(["add", "-A"], dest)
+        _git(["commit", "-q", "-m", "setup patch"], dest)
+
+
+def kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
+    buf = bytearray()
+    while chunk := await stream.read(65536):
+        if len(buf) < cap:
+            buf += chunk[: cap - len(buf)]
+    return bytes(buf)
+
+
+async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd: str | None) -> ExecResult:
+    """Run argv in its own process group; on timeout or cancel, kill the whole group (TERM, then KILL)."""
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    readers = asyncio.gather(_read_capped(proc.stdout, OUTPUT_CAP), _read_capped(proc.stderr, OUTPUT_CAP))
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        timed_out = True
+    except BaseException:  # cancelled (Ctrl-C): kill, then let the cancel go on
+        await _terminate(proc)
+        kill_group(proc.pid, signal.SIGKILL)
+        readers.cancel()
+        raise
+    if timed_out:
+        await _terminate(proc)
+    # The group may outlive its leader (a background child): make sure nothing of it survives.
+    kill_group(proc.pid, signal.SIGKILL)
+    out, err = await readers
+    rc = None if timed_out else proc.returncode
+    return ExecResult(rc=rc, stdout=out, stderr=err, timed_out=timed_out, seconds=time.monotonic() - t0)
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    kill_group(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
+    except asyncio.TimeoutError:
+        kill_group(proc.pid, signal.SIGKILL)
+        await proc.wait()

@@ -1,0 +1,178 @@
+"""The docker runtime: one container per episode, through the docker SDK.
+
+Image: built locally, never pulled. `polar-rollout-base` is a `docker import` of a skeleton root
+(directories and the usr-merge symlinks); the host's /usr and /etc are bind-mounted read-only, so
+the container runs the host's node, python and git without copying gigabytes into an image. The
+harness install cache is mounted read-only at the same path, the episode directory (workspace +
+home) read-write at the same path, so recipe templates render identically under both runtimes.
+
+Network: `host` (the harness must reach the proxy on 127.0.0.1) or `none`; never a bridge (this
+machine forbids private-range traffic, and dockerd runs with --bridge=none). Limits: memory, CPUs,
+pids. Cleanup: every container carries a per-run label; close() removes it (force), and
+shutdown() sweeps any container of the run still there, whatever path the run left by.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from ..install import cache_root
+from ..tasks import Task
+from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
+
+IMAGE = "polar-rollout-base:2"
+LABEL = "polar.rollout.run"
+# /sbin is a real directory, not the usr-merge link: docker mounts its init at /sbin/docker-init,
+# which cannot be created inside the read-only /usr.
+SKELETON_DIRS = ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "var", "var/tmp", "run", "home", "sbin")
+USR_MERGE = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
+
+
+def _client():
+    import docker
+    try:
+        client = docker.from_env(version="auto", timeout=120)
+        client.ping()
+    except Exception as e:  # docker.errors.DockerException and connection errors alike
+        raise RuntimeError(
+            "docker runtime: cannot reach dockerd. Start it the quiet way: dockerd --iptables=false "
+            f"--ip-forward=false --ip-masq=false --bridge=none ({type(e).__name__}: {e})") from None
+    return client
+
+
+def skeleton_tar() -> bytes:
+    """A root filesystem of empty directories and the usr-merge links, as a tar archive."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in SKELETON_DIRS:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if d in ("tmp", "var/tmp") else 0o755, 0
+            tar.addfile(info)
+        for name, target in USR_MERGE.items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mtime = tarfile.SYMTYPE, target, 0
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def ensure_image(client) -> str:
+    import docker
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        # The SDK's import_image(data=...) wraps `docker import`: a local tarball, nothing pulled.
+        repo, tag = IMAGE.split(":")
+        client.api.import_image_from_data(skeleton_tar(), repository=repo, tag=tag)
+        client.images.get(IMAGE)
+    return IMAGE
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, client, container, root: Path):
+        self.client, self.container, self.root = client, container, root
+        self.workspace = str(root / "workspace")
+        self.home = str(root / "home")
+        self._closed = False
+
+    async def write_file(self, path: str, content: str) -> None:
+        p = Path(path)
+        if not p.resolve().is_relative_to(self.root.resolve()):
+            raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content)
+
+    def _exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str) -> ExecResult:
+        t0 = time.monotonic()
+        # coreutils timeout runs the command in its own process group and kills the whole group.
+        wrapped = ["timeout", "-k", "3", f"{timeout:.3f}", *argv]
+        res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+        out, err = res.output if res.output else (b"", b"")
+        seconds = time.monotonic() - t0
+        timed_out = res.exit_code in (124, 137) and seconds >= timeout
+        return ExecResult(rc=None if timed_out else res.exit_code, stdout=(out or b"")[:OUTPUT_CAP],
+                          stderr=(err or b"")[:OUTPUT_CAP], timed_out=timed_out, seconds=seconds)
+
+    async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult:
+        if self._closed:
+            raise RuntimeError("sandbox already closed")
+        # The blocking exec runs in a thread; on cancel, close() removes the container, which ends it.
+        return await asyncio.to_thread(self._exec, argv, env, timeout, cwd or self.workspace)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(_remove, self.container)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+def _remove(container) -> None:
+    import docker
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+class DockerRuntime(Runtime):
+    name = "docker"
+
+    def __init__(self, network: str = "host", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
+                 workdir: str | None = None):
+        if network not in ("host", "none"):
+            raise ValueError(f"docker network must be host or none (no bridges here), not {network!r}")
+        self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
+        self.workdir = workdir
+        self.client = _client()
+        self.image = ensure_image(self.client)
+        self.run_label = uuid.uuid4().hex[:12]
+
+    def _volumes(self, root: Path) -> dict:
+        cache = cache_root().resolve()
+        return {
+            "/usr": {"bind": "/usr", "mode": "ro"},
+            "/etc": {"bind": "/etc", "mode": "ro"},
+            str(cache): {"bind": str(cache), "mode": "ro"},
+            str(root): {"bind": str(root), "mode": "rw"},
+        }
+
+    def _start(self, root: Path, eid: str):
+        return self.client.containers.run(
+            self.image, ["sleep", "infinity"], detach=True, network_mode=self.network,
+            mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
+            volumes=self._volumes(root), working_dir=str(root / "workspace"), init=True,
+            labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
+            environment={"HOME": str(root / "home")},
+        )
+
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
+        container = None
+        try:
+            (root / "home").mkdir()
+            await asyncio.to_thread(populate_workspace, task, root / "workspace")
+            container = await asyncio.to_thread(self._start, root, episode_id)
+        except BaseException:
+            # containers.run leaves a created-but-failed container behind: find it by its labels.
+            await asyncio.to_thread(self._remove_episode, episode_id)
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return DockerSandbox(self.client, container, root)
+
+    def _remove_episode(self, eid: str) -> None:
+        for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}={self.run_label}",
+                                                                          f"polar.episode={eid}"]}):
+            _remove(c)
+
+    def leftovers(self) -> list:
+        return self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_label}"})
+
+    async def shutdown(self) -> None:
+        for c in await asyncio.to_thread(self.leftovers):
+            await asyncio.to_thread(_remove, c)

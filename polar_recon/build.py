@@ -1,0 +1,306 @@
+"""`build` and `watch`: finished episode logs -> shards of complete GRPO groups.
+
+Memory: the first pass reads only each log's end record (reward, metadata) to form groups; the
+second pass reads one episode at a time and keeps only its sequences until its group is written.
+Nothing here holds more than one episode's calls, or one group's sequences.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .episodes import EpisodeHead, list_logs, read_calls, read_head
+from .link import DEFAULT_TOKENIZER, TurnMarkers
+from .logfile import LogError
+from .shards import GroupRows, Manifest, ShardWriter
+from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
+
+
+class RewardsError(ValueError):
+    pass
+
+
+def load_rewards(path: str | os.PathLike) -> dict[str, float]:
+    """JSON object {episode_id: reward}, a JSON list of {"episode_id", "reward"}, or JSONL of those."""
+    p = Path(path)
+    text = p.read_text()
+    try:
+        data = json.loads(text)
+        rows = list(data.items()) if isinstance(data, dict) else [(r["episode_id"], r["reward"]) for r in data]
+    except json.JSONDecodeError:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                rows.append((r["episode_id"], r["reward"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise RewardsError(f"{p}:{n}: expected {{\"episode_id\": ..., \"reward\": ...}} ({exc})") from exc
+    except (KeyError, TypeError) as exc:
+        raise RewardsError(f"{p}: expected {{episode_id: reward}} or a list of {{episode_id, reward}} ({exc})") from exc
+    out = {}
+    for eid, r in rows:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r != r:
+            raise RewardsError(f"{p}: reward of episode {eid!r} is not a number: {r!r}")
+        out[str(eid)] = float(r)
+    return out
+
+
+@dataclass
+class Options:
+    strategy: str = "token"
+    rewards: dict[str, float] | None = None
+    group_by: str | None = None  # metadata key; None: metadata "group_id" if present, else the episode
+    shard_size: int = 256  # rows per shard, at least (groups are never split)
+    group_size: int | None = None  # episodes per complete group, when known
+    include_incomplete: bool = False  # build: write groups short of group_size, flagged
+    tokenizer: str | os.PathLike = DEFAULT_TOKENIZER
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
+        if self.shard_size < 1:
+            raise ValueError("shard size must be >= 1")
+
+
+@dataclass
+class Report:
+    built: list[str] = field(default_factory=list)
+    already: int = 0
+    unfinished: list[str] = field(default_factory=list)
+    no_reward: list[str] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (file or episode, message)
+    waiting: dict[str, int] = field(default_factory=dict)  # incomplete group -> episodes finished
+    shards: list[Path] = field(default_factory=list)
+    sequences: int = 0
+    tokens: int = 0
+    trainable: int = 0
+    timed_out_groups: list[str] = field(default_factory=list)
+
+
+def group_of(head: EpisodeHead, group_by: str | None) -> str:
+    if group_by is None:
+        g = head.metadata.get("group_id")
+        return head.episode_id if g is None else str(g)
+    if group_by == "episode":
+        return head.episode_id
+    if group_by not in head.metadata:
+        raise ReconError(f"{head.path}: episode {head.episode_id}: metadata has no {group_by!r} to group by "
+                         f"(keys: {sorted(head.metadata)})")
+    return str(head.metadata[group_by])
+
+
+class Builder:
+    """Turns episodes into sequences with one strategy (tokenizer state loaded once)."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.markers = TurnMarkers.load(str(opts.tokenizer))
+        self.retok = Retokenizer(opts.tokenizer) if opts.strategy == "retokenize" else None
+
+    def sequences(self, path: Path):
+        ep = read_calls(path, with_requests=self.retok is not None)
+        if self.opts.strategy == "token":
+            return token_sequences(ep, self.markers)
+        if self.opts.strategy == "per-call":
+            return per_call_sequences(ep)
+        return retokenize_sequences(ep, self.markers, self.retok)
+
+
+def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Manifest, opts: Options,
+              report: Report) -> dict[str, list[tuple[EpisodeHead, float]]]:
+    groups: dict[str, list[tuple[EpisodeHead, float]]] = {}
+    for path, head in heads:
+        if isinstance(head, LogError):
+            report.errors.append((str(path), str(head)))
+            continue
+        if not head.finished:
+            report.unfinished.append(head.episode_id)
+            continue
+        reward = (opts.rewards or {}).get(head.episode_id, head.reward)
+        if reward is None:
+            report.no_reward.append(head.episode_id)
+            continue
+        try:
+            g = group_of(head, opts.group_by)
+        except ReconError as exc:
+            report.errors.append((str(path), str(exc)))
+            continue
+        groups.setdefault(g, []).append((head, float(reward)))
+    return groups
+
+
+def _heads(paths: list[Path], manifest: Manifest, report: Report):
+    for p in paths:
+        eid = p.name[: -len(".arrow")]
+        if eid in manifest.episodes:
+            report.already += 1
+            continue
+        try:
+            yield p, read_head(p)
+        except LogError as exc:
+            yield p, exc
+
+
+def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, float]], complete: bool,
+                 report: Report) -> GroupRows:
+    rows = GroupRows(gid, [], builder.opts.strategy, complete)
+    for head, reward in members:
+        try:
+            seqs = builder.sequences(head.path)
+        except (LogError, ReconError) as exc:
+            report.errors.append((str(head.path), f"episode {head.episode_id}: {exc}"))
+            continue
+        if not seqs:
+            report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call (all failed or auxiliary)"))
+            continue
+        rows.episodes.append((head.episode_id, reward, seqs))
+        report.built.append(head.episode_id)
+        report.sequences += len(seqs)
+        for s in seqs:
+            report.tokens += len(s.input_ids)
+            report.trainable += int(s.loss_mask.sum())
+    return rows
+
+
+def _write_groups(builder: Builder, manifest: Manifest, ready: list[tuple[str, list, bool]], report: Report,
+                  progress: Callable[[int], None] | None = None) -> None:
+    writer: ShardWriter | None = None
+    try:
+        for gid, members, complete in ready:
+            rows = _build_group(builder, gid, members, complete, report)
+            if progress:
+                progress(len(members))
+            if not rows.episodes:
+                continue
+            if writer is None:
+                writer = manifest.new_shard()
+            writer.write(rows)
+            if not complete:
+                report.timed_out_groups.append(gid)
+            if writer.rows >= builder.opts.shard_size:
+                report.shards.append(writer.commit())
+                manifest.record(writer)
+                writer = None
+        if writer is not None:
+            report.shards.append(writer.commit())
+            manifest.record(writer)
+            writer = None
+    finally:
+        if writer is not None:
+            writer.abort()
+
+
+def _ready_groups(groups, opts: Options, report: Report) -> list[tuple[str, list, bool]]:
+    ready = []
+    for gid, members in groups.items():
+        complete = opts.group_size is None or len(members) >= opts.group_size
+        if not complete and not opts.include_incomplete:
+            report.waiting[gid] = len(members)
+            continue
+        ready.append((gid, members, complete))
+    # landing order: a group lands when its last episode finished
+    ready.sort(key=lambda g: max(h.mtime for h, _ in g[1]))
+    return ready
+
+
+def _counted(items, bar):
+    for x in items:
+        bar.update(1)
+        yield x
+    bar.close()
+
+
+def build(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options,
+          progress_factory: Callable[[int, str], Any] | None = None) -> Report:
+    report = Report()
+    manifest = Manifest.open(out, opts.strategy)
+    builder = Builder(opts)
+    paths = list_logs(logdir)
+    heads = _heads(paths, manifest, report)
+    if progress_factory:
+        heads = _counted(heads, progress_factory(len(paths), "reading end records"))
+    groups = _classify(heads, manifest, opts, report)
+    ready = _ready_groups(groups, opts, report)
+    n = sum(len(m) for _, m, _ in ready)
+    bar = progress_factory(n, "building") if progress_factory else None
+    _write_groups(builder, manifest, ready, report, (lambda k: bar.update(k)) if bar else None)
+    if bar:
+        bar.close()
+    return report
+
+
+def watch(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options, *, poll: float = 2.0,
+          group_timeout: float | None = None, idle_exit: float | None = None,
+          on_report: Callable[[Report], None] | None = None, should_stop: Callable[[], bool] = lambda: False) -> Report:
+    """Build continuously. A group is written once `group_size` of its episodes have finished (or,
+    without a group size, as soon as it is seen), or when `group_timeout` seconds passed since its
+    first episode finished, flagged group_complete=false. Returns the merged report on exit."""
+    total = Report()
+    manifest = Manifest.open(out, opts.strategy)
+    builder = Builder(opts)
+    pending: dict[str, list[tuple[EpisodeHead, float]]] = {}
+    first_seen: dict[str, float] = {}
+    reported: set[str] = set()
+    skip: dict[str, float] = {}  # log name -> mtime at which it failed or had no reward
+    last_activity = time.monotonic()
+    while not should_stop():
+        cycle = Report()
+        known = {h.episode_id for ms in pending.values() for h, _ in ms}
+        paths = [p for p in list_logs(logdir)
+                 if p.name[: -len(".arrow")] not in known and skip.get(p.name) != _mtime(p)]
+        groups = _classify(_heads(paths, manifest, cycle), manifest, opts, cycle)
+        now = time.monotonic()
+        for gid, members in groups.items():
+            pending.setdefault(gid, []).extend(members)
+            first_seen.setdefault(gid, now)
+        ready = []
+        for gid in list(pending):
+            members = pending[gid]
+            complete = opts.group_size is None or len(members) >= opts.group_size
+            timed_out = group_timeout is not None and now - first_seen[gid] >= group_timeout
+            if complete or timed_out:
+                ready.append((gid, pending.pop(gid), complete))
+                first_seen.pop(gid)
+        if ready:
+            _write_groups(builder, manifest, ready, cycle)
+            last_activity = time.monotonic()
+        for p, _ in cycle.errors:
+            skip[Path(p).name] = _mtime(Path(p))
+        for eid in cycle.no_reward:
+            skip[eid + ".arrow"] = _mtime(Path(logdir) / (eid + ".arrow"))
+        _merge(total, cycle, reported)
+        if on_report and (ready or cycle.errors or cycle.no_reward):
+            on_report(cycle)
+        if idle_exit is not None and time.monotonic() - last_activity >= idle_exit and not pending:
+            break
+        time.sleep(poll)
+    return total
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return -1.0
+
+
+def _merge(total: Report, cycle: Report, reported: set[str]) -> None:
+    total.built += cycle.built
+    total.shards += cycle.shards
+    total.sequences += cycle.sequences
+    total.tokens += cycle.tokens
+    total.trainable += cycle.trainable
+    total.timed_out_groups += cycle.timed_out_groups
+    # a bad file is seen again every poll: report each one once
+    cycle.errors = [(p, m) for p, m in cycle.errors if p not in reported]
+    cycle.no_reward = [e for e in cycle.no_reward if e not in reported]
+    reported.update(p for p, _ in cycle.errors)
+    reported.update(cycle.no_reward)
+    total.errors += cycle.errors
+    total.no_reward += cycle.no_reward

@@ -1,0 +1,229 @@
+"""The `polar-recon` command line: build / watch / inspect / drift / stats / show."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .build import Options, Report, RewardsError, build as build_shards, load_rewards, watch as watch_shards
+from .episodes import read_calls
+from .link import DEFAULT_TOKENIZER, TurnMarkers
+from .logfile import LogError
+from .shards import ManifestError
+from .strategies import STRATEGIES
+
+
+def _tqdm(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", file=sys.stderr, disable=None, leave=False)
+
+
+def _echo_report(r: Report, out: Path | None = None) -> None:
+    for path, msg in r.errors:
+        click.echo(f"error: {msg if path in msg else f'{path}: {msg}'}", err=True)
+    if r.no_reward:
+        click.echo(f"excluded, no reward ({len(r.no_reward)}): {', '.join(sorted(r.no_reward))}", err=True)
+    if r.unfinished:
+        click.echo(f"not finished, skipped ({len(r.unfinished)}): {', '.join(sorted(r.unfinished))}", err=True)
+    for gid, n in sorted(r.waiting.items()):
+        click.echo(f"group {gid}: {n} episodes finished, waiting for the rest (not built)", err=True)
+    if r.timed_out_groups:
+        click.echo(f"written incomplete (group_complete=false): {', '.join(r.timed_out_groups)}", err=True)
+    shards = ", ".join(p.name for p in r.shards) or "none"
+    click.echo(f"built {len(r.built)} episodes ({r.already} already built) -> {r.sequences} sequences, "
+               f"{r.tokens} tokens, {r.trainable} trainable; shards: {shards}")
+
+
+def _resolve_episode(episode: str, logdir: str | None) -> Path:
+    p = Path(episode)
+    if p.exists():
+        return p
+    cand = Path(logdir or ".") / f"{episode}.arrow"
+    if cand.exists():
+        return cand
+    raise click.BadParameter(f"no log {episode!r} (looked for {p} and {cand}; pass --logdir)", param_hint="EPISODE")
+
+
+tokenizer_opt = click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=str(DEFAULT_TOKENIZER),
+                             show_default=True, help="tokenizer dir: turn markers, chat template for retokenize")
+
+
+def _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete=False) -> Options:
+    try:
+        table = load_rewards(rewards) if rewards else None
+    except (RewardsError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--rewards")
+    try:
+        return Options(strategy=strategy, rewards=table, group_by=group_by, shard_size=shard_size,
+                       group_size=group_size, include_incomplete=include_incomplete, tokenizer=tokenizer)
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+
+
+def _common(f):
+    f = click.option("--strategy", type=click.Choice(STRATEGIES), default="token", show_default=True)(f)
+    f = click.option("--rewards", type=click.Path(exists=True, dir_okay=False),
+                     help="JSON {episode: reward} or JSONL {episode_id, reward}; overrides end records")(f)
+    f = click.option("--group-by", "group_by", metavar="FIELD",
+                     help="metadata key naming the GRPO group (e.g. task_id); 'episode' = one group each; "
+                          "default: metadata group_id, else the episode")(f)
+    f = click.option("--shard-size", type=int, default=256, show_default=True,
+                     help="rows per shard (a shard is closed after the group that reaches it)")(f)
+    f = click.option("--group-size", type=int, help="episodes in a complete group (GRPO num_generations)")(f)
+    return tokenizer_opt(f)
+
+
+@click.group()
+def main() -> None:
+    """Token-faithful training sequences from Polar episode logs."""
+
+
+@main.command()
+@click.argument("logdir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@_common
+@click.option("--include-incomplete", is_flag=True, help="also write groups short of --group-size, flagged")
+def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete):
+    """Build every finished episode of LOGDIR not yet in OUT into OUT/shard-NNNNNN.parquet."""
+    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete)
+    try:
+        report = build_shards(logdir, out, opts, progress_factory=_tqdm)
+    except (ManifestError, LogError) as exc:
+        raise click.ClickException(str(exc))
+    _echo_report(report)
+    sys.exit(1 if report.errors else 0)
+
+
+@main.command()
+@click.argument("logdir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@_common
+@click.option("--poll", type=float, default=2.0, show_default=True, help="seconds between directory scans")
+@click.option("--group-timeout", type=float, help="seconds after a group's first finished episode to write it anyway, flagged")
+@click.option("--idle-exit", type=float, help="exit after this many seconds with nothing new and nothing pending")
+def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, tokenizer, poll, group_timeout, idle_exit):
+    """Build shards continuously as episodes finish (complete GRPO groups per shard)."""
+    if group_by not in (None, "episode") and group_size is None and group_timeout is None:
+        raise click.UsageError("watch --group-by needs --group-size (or --group-timeout) to know when a group is complete")
+    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer)
+    try:
+        total = watch_shards(logdir, out, opts, poll=poll, group_timeout=group_timeout, idle_exit=idle_exit,
+                             on_report=_echo_report)
+    except KeyboardInterrupt:
+        return
+    except (ManifestError, LogError) as exc:
+        raise click.ClickException(str(exc))
+    click.echo(f"watch done: {len(total.built)} episodes, {len(total.shards)} shards")
+
+
+@main.command()
+@click.argument("episode")
+@click.option("--logdir", type=click.Path(exists=True, file_okay=False), help="where EPISODE.arrow lives")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per call")
+@tokenizer_opt
+def inspect(episode, logdir, as_json, tokenizer):
+    """Per call of LOGFILE (or EPISODE in --logdir): api, tokens, link kind, timings, errors."""
+    from .report import inspect_rows
+
+    path = _resolve_episode(episode, logdir)
+    try:
+        ep = read_calls(path)
+    except LogError as exc:
+        raise click.ClickException(str(exc))
+    rows = inspect_rows(ep, TurnMarkers.load(tokenizer))
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{ep.episode_id}: {'finished' if ep.finished else 'NOT finished'}, reward {ep.reward}"
+                    + (", torn tail cut" if ep.truncated else ""))
+    for c in rows[0] if rows else ["call"]:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r.values()))
+    Console(width=200).print(t)
+
+
+@main.command()
+@click.argument("logdir", type=click.Path(exists=True, file_okay=False))
+@click.option("--harness-key", default="harness", show_default=True, help="episode metadata key naming the harness")
+@click.option("--json", "as_json", is_flag=True)
+@tokenizer_opt
+def drift(logdir, harness_key, as_json, tokenizer):
+    """Compare token / per-call / retokenize on the same episodes."""
+    from tqdm import tqdm
+
+    from .report import drift as run_drift
+    from .strategies import Retokenizer
+
+    d = run_drift(logdir, TurnMarkers.load(tokenizer), Retokenizer(tokenizer), harness_key,
+                  progress=lambda ps: tqdm(ps, desc="drift", unit="ep", file=sys.stderr, disable=None, leave=False))
+    for path, why in d.skipped:
+        click.echo(f"skipped {path}: {why}", err=True)
+    row = d.row()
+    kinds = {h: dict(sorted(c.items())) for h, c in sorted(d.kinds.items())}
+    if as_json:
+        click.echo(json.dumps({**row, "links_by_harness": kinds}))
+        return
+    click.echo(f"episodes {row['episodes']}, sequences {row['sequences']}, trainable tokens {row['trainable_tokens']}")
+    click.echo(f"retokenize: {row['retokenize_differing_tokens']} trainable tokens differ "
+               f"({100 * row['retokenize_differing_share']:.2f}%), {row['retokenize_sequences_affected']}/"
+               f"{row['sequences']} sequences affected, {row['retokenize_logprobs_misplaced']} logprobs on another id")
+    click.echo(f"per-call: {row['per_call_sequences']} sequences, {row['per_call_tokens']} tokens "
+               f"({row['per_call_token_blowup']:.1f}x the token strategy's {row['token_sequence_tokens']})")
+    for h, c in kinds.items():
+        click.echo(f"links [{h}]: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+
+
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def stats(out, as_json):
+    """Episodes, groups, segments, trainable tokens and rewards of the shards in OUT."""
+    from .report import shard_stats
+
+    try:
+        s = shard_stats(out)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc))
+    if as_json:
+        click.echo(json.dumps(s))
+        return
+    for k, v in s.items():
+        if k != "reward_histogram":
+            click.echo(f"{k:18} {v}")
+    click.echo("reward histogram:")
+    width = max(c for _, _, c in s["reward_histogram"]) or 1
+    for a, b, c in s["reward_histogram"]:
+        click.echo(f"  [{a:8.3f}, {b:8.3f}) {c:6d} {'#' * max(1 if c else 0, int(40 * c / width))}")
+
+
+@main.command()
+@click.argument("episode")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), required=True, help="file to write")
+@click.option("--logdir", type=click.Path(exists=True, file_okay=False), help="where EPISODE.arrow lives")
+@tokenizer_opt
+def show(episode, html_path, logdir, tokenizer):
+    """Write an HTML view of EPISODE: tokens, trainable spans, logprobs, turns, link kinds."""
+    from .html import render_episode
+
+    path = _resolve_episode(episode, logdir)
+    try:
+        ep = read_calls(path)
+    except LogError as exc:
+        raise click.ClickException(str(exc))
+    page = render_episode(ep, TurnMarkers.load(tokenizer), tokenizer)
+    tmp = Path(html_path).with_name(Path(html_path).name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(html_path)
+    click.echo(f"wrote {html_path} ({len(page)} bytes)")
+
+
+if __name__ == "__main__":
+    main()

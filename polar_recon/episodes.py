@@ -1,0 +1,197 @@
+"""Loading one episode log as numpy arrays: the reconstruction hot path.
+
+`read_episode` (logfile.py) returns full prompts as Python lists inside a polars frame, which is
+right for people and costs O(turns^2) Python objects per episode. Reconstruction only needs numpy
+views, so this module decodes the same file (same batch reader, same prefix compression) straight
+into int32 arrays. A test checks that both readers agree on every prompt.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from .logfile import LogError, _full_requests, _read_batches
+from .logschema import KIND_CALL, KIND_END, SCHEMA
+
+# Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).
+_SCALARS = ("call_index", "choice", "api", "dialect", "model", "status", "error", "stream", "t_start",
+            "t_first_byte", "t_end", "finish_reason", "weight_version", "auxiliary")
+
+
+@dataclass
+class Call:
+    row: int  # position among the file's call rows
+    call_index: int
+    prompt: np.ndarray | None  # int32, full prompt ids as the server tokenized them
+    completion: np.ndarray | None  # int32, the ids the model sampled
+    logprobs: np.ndarray | None  # float32, one per completion id
+    info: dict[str, Any]  # the scalar columns of _SCALARS
+
+    @property
+    def usable(self) -> bool:
+        """A call that can train: complete, with ids, and part of the agent's trajectory."""
+        return (
+            self.prompt is not None
+            and self.completion is not None
+            and self.logprobs is not None
+            and not self.info.get("error")
+            and not self.info.get("auxiliary")
+        )
+
+    @property
+    def why_unusable(self) -> str | None:
+        if self.info.get("auxiliary"):
+            return "auxiliary"
+        if self.info.get("error"):
+            return f"error: {self.info['error']}"
+        if self.prompt is None or self.completion is None:
+            return "no token ids"
+        if self.logprobs is None:
+            return "no logprobs"
+        return None
+
+
+@dataclass
+class Episode:
+    path: Path
+    episode_id: str
+    calls: list[Call]
+    finished: bool
+    reward: float | None
+    metadata: dict[str, Any]
+    truncated: bool
+    requests: list[str | None] = field(default_factory=list)  # per call row, JSON text (lazy users)
+
+
+@dataclass
+class EpisodeHead:
+    """What grouping needs, without the ids: read for every episode before building any."""
+    path: Path
+    episode_id: str
+    finished: bool
+    reward: float | None
+    metadata: dict[str, Any]
+    n_calls: int
+    mtime: float
+
+
+def episode_id_of(path: Path) -> str:
+    return path.name[: -len(".arrow")] if path.name.endswith(".arrow") else path.stem
+
+
+def list_logs(logdir: str | os.PathLike) -> list[Path]:
+    d = Path(logdir)
+    if not d.is_dir():
+        raise LogError(f"{d}: not a directory")
+    return sorted(p for p in d.iterdir() if p.name.endswith(".arrow") and p.is_file())
+
+
+def _table(path: Path, columns: list[str] | None = None) -> tuple[pa.Table, bool]:
+    batches, _, torn, _ = _read_batches(path)
+    table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
+    if columns is not None:
+        table = table.select(columns)
+    return table, torn
+
+
+def _end_record(table: pa.Table, path: Path) -> tuple[bool, float | None, dict[str, Any]]:
+    kinds = table.column("kind").to_pylist()
+    ends = [i for i, k in enumerate(kinds) if k == KIND_END]
+    if not ends:
+        return False, None, {}
+    last = ends[-1]
+    reward = table.column("reward")[last].as_py()
+    meta = table.column("metadata")[last].as_py()
+    try:
+        metadata = json.loads(meta) if meta else {}
+    except json.JSONDecodeError as exc:
+        raise LogError(f"{path}: end record metadata is not JSON ({exc})") from exc
+    if not isinstance(metadata, dict):
+        raise LogError(f"{path}: end record metadata is not a JSON object")
+    return True, reward, metadata
+
+
+def read_head(path: str | os.PathLike) -> EpisodeHead:
+    path = Path(path)
+    try:
+        table, _ = _table(path, ["kind", "reward", "metadata"])
+        finished, reward, metadata = _end_record(table, path)
+    except LogError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise LogError(f"{path}: cannot read ({exc})") from exc
+    n_calls = sum(1 for k in table.column("kind").to_pylist() if k == KIND_CALL)
+    return EpisodeHead(path, episode_id_of(path), finished, reward, metadata, n_calls, path.stat().st_mtime)
+
+
+def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
+    """A list<...> column as one numpy view per row (None for null rows), without Python lists."""
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if len(arr) == 0:
+        return []
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+
+
+def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episode:
+    """The whole episode with full prompts as int32 arrays. Raises LogError naming the file."""
+    path = Path(path)
+    try:
+        return _read_calls(path, with_requests)
+    except LogError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        raise LogError(f"{path}: cannot read ({exc})") from exc
+
+
+def _read_calls(path: Path, with_requests: bool) -> Episode:
+    table, torn = _table(path)
+    finished, reward, metadata = _end_record(table, path)
+    kinds = table.column("kind").to_numpy(zero_copy_only=False)
+    calls_t = table.filter(pa.array(kinds == KIND_CALL)) if len(kinds) else table
+    bases = calls_t.column("prompt_base_row").to_numpy(zero_copy_only=False)
+    lens = calls_t.column("prompt_base_len").to_numpy(zero_copy_only=False)
+    tails = _list_column(calls_t.column("prompt_tail_ids"), np.int32)
+    comps = _list_column(calls_t.column("completion_ids"), np.int32)
+    lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
+    scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
+    requests = _full_requests(calls_t) if with_requests else []  # request text is delta-coded on disk
+    seqs: list[np.ndarray | None] = []
+    calls: list[Call] = []
+    for i in range(calls_t.num_rows):
+        tail, comp = tails[i], comps[i]
+        prompt = None
+        if tail is not None:
+            base = bases[i]
+            base = -1 if base is None or np.isnan(base) else int(base)
+            n = 0 if lens[i] is None or np.isnan(lens[i]) else int(lens[i])
+            if base >= 0:
+                if base >= i or seqs[base] is None or n > len(seqs[base]):
+                    raise LogError(f"{path}: row {i} references prompt base row {base} that cannot be used")
+                prompt = np.concatenate([seqs[base][:n], tail])
+            else:
+                prompt = tail
+        seqs.append(None if prompt is None else (prompt if comp is None else np.concatenate([prompt, comp])))
+        info = {c: scalars[c][i] for c in _SCALARS}
+        lp = lps[i]
+        if comp is not None and lp is not None and len(lp) != len(comp):
+            info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(comp)} completion ids"
+        calls.append(Call(i, int(info["call_index"] if info["call_index"] is not None else i), prompt, comp, lp, info))
+    calls.sort(key=lambda c: (c.call_index, c.info.get("choice") or 0))
+    return Episode(path, episode_id_of(path), calls, finished, reward, metadata, torn, requests)
+
+
+def iter_heads(paths: list[Path]) -> Iterator[tuple[Path, EpisodeHead | LogError]]:
+    for p in paths:
+        try:
+            yield p, read_head(p)
+        except LogError as exc:
+            yield p, exc

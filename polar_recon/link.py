@@ -1,0 +1,234 @@
+"""Linking the calls of one episode into a tree, and the tree into segments (sans-IO, numpy only).
+
+For each call, the parent is the earlier call whose prompt+completion is the longest prefix of
+its prompt, compared at TURN BOUNDARIES rather than token by token: a harness re-renders the
+assistant turns it sends back (thinking dropped, whitespace content, re-serialized arguments) and
+BPE may even merge the first re-rendered token into the previous prompt's last token
+(`<|im_start|>assistant\\n` + `\\n\\n` -> `assistant` `\\n\\n\\n`). So the alignment walks both
+sequences; where they differ it requires the difference to sit inside an assistant turn (after its
+`<|im_start|>assistant` header, before its `<|im_end|>`) and resumes after that turn's end in each.
+
+Kinds: CLEAN (the prompt extends the parent token for token), REALIGN (it extends it up to
+re-rendered assistant turns), FORK (no usable parent: a new segment). Calls left out of training:
+AUX (flagged auxiliary by the capture), ERROR (no ids / failed), RETRY (a sibling with the same
+prompt whose branch no later call extends).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .episodes import Call
+
+CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
+AUX, ERROR, RETRY = "AUX", "ERROR", "RETRY"
+
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "qwen3"
+
+
+@dataclass(frozen=True)
+class TurnMarkers:
+    """Token ids that delimit chat turns: read from the tokenizer, never assumed."""
+
+    start: int  # <|im_start|>
+    end: int  # <|im_end|>
+    assistant: tuple[int, ...]  # the role ids that follow `start` in an assistant turn
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def load(tokenizer_dir: str | os.PathLike = DEFAULT_TOKENIZER) -> "TurnMarkers":
+        from tokenizers import Tokenizer
+
+        path = Path(tokenizer_dir) / "tokenizer.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (pass --tokenizer DIR)")
+        tok = Tokenizer.from_file(str(path))
+        start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+        if start is None or end is None:
+            raise ValueError(f"{path}: tokenizer has no <|im_start|>/<|im_end|> tokens (not a ChatML model)")
+        role = tuple(tok.encode("assistant", add_special_tokens=False).ids)
+        return TurnMarkers(start, end, role)
+
+
+# ---------------------------------------------------------------------------------------------
+# alignment of one prompt against one candidate parent sequence
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix; compares in growing chunks so an early mismatch is cheap."""
+    n = min(len(a), len(b))
+    pos, step = 0, 512
+    while pos < n:
+        end = min(n, pos + step)
+        neq = np.flatnonzero(a[pos:end] != b[pos:end])
+        if len(neq):
+            return pos + int(neq[0])
+        pos, step = end, step * 4
+    return n
+
+
+def _first(seq: np.ndarray, token: int, start: int) -> int | None:
+    hit = np.flatnonzero(seq[start:] == token)
+    return start + int(hit[0]) if len(hit) else None
+
+
+@dataclass(frozen=True)
+class Alignment:
+    keep_from: int  # position in the child's prompt where its new tokens start
+    prefix: int  # exact common prefix of the child's prompt and the parent's sequence
+    realigned: int  # assistant turns the child's prompt holds re-rendered
+    suffix: int  # tokens the re-rendered turns share at their ends with the sampled ones (tie-break)
+
+
+def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers) -> Alignment | None:
+    """How `prompt` extends `parent` (a call's prompt+completion), or None if it does not."""
+    j = i = 0
+    realigned = suffix = 0
+    prefix = None
+    role = np.asarray(m.assistant, dtype=parent.dtype)
+    while True:
+        n = common_prefix(parent[j:], prompt[i:])
+        if prefix is None:
+            prefix = n
+        if j + n == len(parent):
+            return Alignment(i + n, prefix, realigned, suffix)
+        if i + n == len(prompt):
+            return None  # the prompt stops inside the parent: a retry or an earlier point
+        div = j + n  # first differing position in parent
+        starts = np.flatnonzero(parent[j:div + 1] == m.start)
+        if not len(starts):
+            return None
+        b = j + int(starts[-1])  # the turn the difference sits in
+        if div < b + 1 + len(role) or not np.array_equal(parent[b + 1:b + 1 + len(role)], role):
+            return None  # differs in a header, or not an assistant turn: history was edited
+        e_p = _first(parent, m.end, b)
+        if e_p is not None and e_p < div:
+            return None  # differs between turns
+        e_i = _first(prompt, m.end, i + n)
+        if e_i is None:
+            return None
+        bi = i + (b - j)
+        old = parent[b:len(parent) if e_p is None else e_p + 1]
+        suffix += common_prefix(old[::-1], prompt[bi:e_i + 1][::-1])
+        realigned += 1
+        if e_p is None:  # the sampled turn stopped without <|im_end|> (length cut): it ends here
+            return Alignment(e_i + 1, prefix, realigned, suffix)
+        j, i = e_p + 1, e_i + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the call tree of one episode
+
+
+@dataclass
+class Node:
+    call: Call
+    kind: str
+    parent: int | None = None  # index into the episode's node list
+    keep_from: int = 0
+    realigned: int = 0
+    prefix: int = 0
+    children: list[int] = field(default_factory=list)
+    segment: int | None = None
+    note: str = ""
+
+
+def _seq(call: Call) -> np.ndarray:
+    return np.concatenate([call.prompt, call.completion])
+
+
+def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
+    """One node per call, in call order, with its parent and link kind."""
+    nodes: list[Node] = []
+    cands: list[tuple[int, np.ndarray]] = []  # (node index, prompt+completion) of usable calls
+    for call in calls:
+        why = call.why_unusable
+        if why is not None:
+            nodes.append(Node(call, AUX if why == "auxiliary" else ERROR, note=why))
+            continue
+        node = Node(call, FORK)
+        best: tuple[tuple[int, int, int], int, Alignment] | None = None
+        # longest sequences first: a candidate shorter than the best prefix found cannot beat it
+        for idx, seq in sorted(cands, key=lambda c: (len(c[1]), c[0]), reverse=True):
+            if best is not None and len(seq) < best[0][0]:
+                break
+            a = align(seq, call.prompt, m)
+            if a is None:
+                continue
+            key = (a.prefix, a.suffix, idx)
+            if best is None or key > best[0]:
+                best = (key, idx, a)
+        if best is not None:
+            _, idx, a = best
+            node.parent, node.keep_from, node.realigned, node.prefix = idx, a.keep_from, a.realigned, a.prefix
+            node.kind = REALIGN if a.realigned else CLEAN
+            nodes[idx].children.append(len(nodes))
+        cands.append((len(nodes), _seq(call)))
+        nodes.append(node)
+    _drop_retries(nodes)
+    return nodes
+
+
+def _drop_retries(nodes: list[Node]) -> None:
+    """Siblings with the same prompt are retries: keep those that later calls extend (or, when
+    none is extended, the last one); the others become RETRY and leave the tree."""
+    groups: dict[tuple[int | None, bytes], list[int]] = {}
+    for k, n in enumerate(nodes):
+        if n.kind in (CLEAN, REALIGN, FORK):
+            groups.setdefault((n.parent, n.call.prompt.tobytes()), []).append(k)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        extended = [k for k in members if nodes[k].children]
+        keep = set(extended) if extended else {members[-1]}
+        for k in members:
+            if k in keep:
+                continue
+            n = nodes[k]
+            n.note = f"retry of call {nodes[min(keep)].call.call_index}; not extended"
+            n.kind = RETRY
+            if n.parent is not None:
+                nodes[n.parent].children.remove(k)
+
+
+def _latest(nodes: list[Node], k: int) -> int:
+    """The latest node index in k's subtree: the branch later calls extend is the one kept going."""
+    best, stack = k, [k]
+    while stack:
+        x = stack.pop()
+        best = max(best, x)
+        stack.extend(nodes[x].children)
+    return best
+
+
+def segments(nodes: list[Node]) -> list[list[int]]:
+    """Chains of node indices, one per training sequence. A node whose parent already continues
+    into a later branch starts its own segment (a FORK: its prompt becomes context)."""
+    chains: list[list[int]] = []
+    roots = [k for k, n in enumerate(nodes) if n.kind in (CLEAN, REALIGN, FORK) and n.parent is None]
+    pending = list(roots)
+    while pending:
+        pending.sort()
+        k = pending.pop(0)
+        chain = [k]
+        while nodes[chain[-1]].children:
+            kids = nodes[chain[-1]].children
+            main = max(kids, key=lambda c: _latest(nodes, c))
+            for c in kids:
+                if c != main:
+                    nodes[c].kind, nodes[c].note = FORK, f"branch: call {nodes[chain[-1]].call.call_index} continues elsewhere"
+                    nodes[c].parent, nodes[c].keep_from, nodes[c].realigned = None, 0, 0
+                    pending.append(c)
+            chain.append(main)
+        for x in chain:
+            nodes[x].segment = len(chains)
+        chains.append(chain)
+    chains.sort(key=lambda ch: ch[0])
+    for s, ch in enumerate(chains):
+        for x in ch:
+            nodes[x].segment = s
+    return chains

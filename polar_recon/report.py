@@ -1,0 +1,183 @@
+"""Reports over logs and shards: per-call inspection, strategy drift, shard statistics (pure data;
+the CLI prints them)."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+
+from .episodes import Episode, list_logs, read_calls
+from .link import CLEAN, FORK, REALIGN, RETRY, Node, TurnMarkers, common_prefix, link_calls, segments
+from .logfile import LogError
+from .shards import list_shards
+from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+
+
+def inspect_rows(ep: Episode, m: TurnMarkers) -> list[dict[str, Any]]:
+    nodes = link_calls(ep.calls, m)
+    segments(nodes)
+    rows = []
+    by_index = {k: n.call.call_index for k, n in enumerate(nodes)}
+    for n in nodes:
+        c, i = n.call, n.call.info
+        rows.append({
+            "call": c.call_index,
+            "api": i.get("api"),
+            "prompt": None if c.prompt is None else len(c.prompt),
+            "completion": None if c.completion is None else len(c.completion),
+            "link": n.kind,
+            "parent": by_index.get(n.parent) if n.parent is not None else None,
+            "new": None if c.prompt is None else len(c.prompt) - n.keep_from if n.kind in (CLEAN, REALIGN) else None,
+            "realigned": n.realigned,
+            "segment": n.segment,
+            "ttfb_ms": _ms(i.get("t_first_byte"), i.get("t_start")),
+            "total_ms": _ms(i.get("t_end"), i.get("t_start")),
+            "status": i.get("status"),
+            "finish": i.get("finish_reason"),
+            "weights": i.get("weight_version"),
+            "error": i.get("error") or (n.note or None),
+        })
+    return rows
+
+
+def _ms(a, b):
+    return None if a is None or b is None else round((a - b) * 1000.0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# drift
+
+
+@dataclass
+class Drift:
+    episodes: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    trainable: int = 0  # sampled tokens under `token`
+    differing: int = 0  # of those, tokens whose id differs under `retokenize`
+    sequences: int = 0
+    sequences_affected: int = 0
+    logprob_misplaced: int = 0  # retokenize: positions whose attached logprob belongs to another id
+    per_call_sequences: int = 0
+    per_call_tokens: int = 0
+    token_tokens: int = 0
+    kinds: dict[str, Counter] = field(default_factory=dict)  # harness -> Counter of link kinds
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes, "sequences": self.sequences, "trainable_tokens": self.trainable,
+            "retokenize_differing_tokens": self.differing,
+            "retokenize_differing_share": self.differing / self.trainable if self.trainable else 0.0,
+            "retokenize_sequences_affected": self.sequences_affected,
+            "retokenize_logprobs_misplaced": self.logprob_misplaced,
+            "token_sequence_tokens": self.token_tokens,
+            "per_call_sequences": self.per_call_sequences, "per_call_tokens": self.per_call_tokens,
+            "per_call_token_blowup": self.per_call_tokens / self.token_tokens if self.token_tokens else 0.0,
+        }
+
+
+def turn_diff(sampled: np.ndarray, other: np.ndarray) -> int:
+    """Sampled tokens not reproduced by `other`: all but the common prefix and common suffix."""
+    p = common_prefix(sampled, other)
+    s = common_prefix(sampled[p:][::-1], other[p:][::-1])
+    return len(sampled) - p - s
+
+
+def _spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    d = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist()))
+
+
+def drift_episode(ep: Episode, m: TurnMarkers, retok: Retokenizer, d: Drift, harness: str) -> None:
+    nodes = link_calls(ep.calls, m)
+    chains = segments(nodes)
+    kinds = d.kinds.setdefault(harness, Counter())
+    kinds.update(n.kind for n in nodes)
+    toks = token_sequences(ep, m, nodes)
+    rets = retokenize_sequences(ep, m, retok, nodes)
+    for chain, t, r in zip(chains, toks, rets):
+        sampled = [nodes[k].call for k in chain]
+        spans = _spans(r.loss_mask)[-len(sampled):]
+        diff = misplaced = 0
+        for k, call in enumerate(sampled):
+            if k < len(sampled) - len(spans):
+                diff += len(call.completion)  # the turn is not in the final text at all
+                continue
+            a, b = spans[k - (len(sampled) - len(spans))]
+            other = r.input_ids[a:b]
+            diff += turn_diff(call.completion, other)
+            n = min(len(other), len(call.completion))
+            misplaced += int(np.count_nonzero(other[:n] != call.completion[:n])) + abs(len(other) - len(call.completion))
+        d.trainable += int(t.loss_mask.sum())
+        d.token_tokens += len(t.input_ids)
+        d.differing += diff
+        d.logprob_misplaced += misplaced
+        d.sequences += 1
+        d.sequences_affected += diff > 0
+    for c in ep.calls:
+        if c.usable:
+            d.per_call_sequences += 1
+            d.per_call_tokens += len(c.prompt) + len(c.completion)
+    d.episodes += 1
+
+
+def drift(logdir: str | os.PathLike, m: TurnMarkers, retok: Retokenizer, harness_key: str = "harness",
+          progress: Callable | None = None) -> Drift:
+    d = Drift()
+    paths = list_logs(logdir)
+    for p in (progress(paths) if progress else paths):
+        try:
+            ep = read_calls(p, with_requests=True)
+            if not ep.finished:
+                d.skipped.append((str(p), "unfinished"))
+                continue
+            drift_episode(ep, m, retok, d, str(ep.metadata.get(harness_key, "unknown")))
+        except (LogError, ReconError) as exc:
+            d.skipped.append((str(p), str(exc)))
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# stats
+
+
+def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
+    shards = list_shards(out)
+    if not shards:
+        raise FileNotFoundError(f"{out}: no shard-*.parquet files")
+    cols = ["episode_id", "group_id", "segment", "reward", "n_calls", "n_realign", "group_complete", "strategy",
+            "input_ids", "loss_mask"]
+    parts = []
+    for p in shards:
+        df = pl.read_parquet(p, columns=cols).with_columns(
+            pl.col("input_ids").list.len().alias("tokens"),
+            pl.col("loss_mask").list.sum().alias("trainable"),
+        ).drop("input_ids", "loss_mask")
+        parts.append(df)
+    df = pl.concat(parts)
+    ep = df.group_by("episode_id").agg(pl.col("reward").first())
+    r = ep["reward"]
+    hist = np.histogram(r.to_numpy(), bins=min(10, max(1, r.n_unique())))
+    return {
+        "shards": len(shards),
+        "strategy": sorted(df["strategy"].unique().to_list()),
+        "episodes": ep.height,
+        "groups": df["group_id"].n_unique(),
+        "incomplete_groups": df.filter(~pl.col("group_complete"))["group_id"].n_unique(),
+        "segments": df.height,
+        "calls": int(df["n_calls"].sum()),
+        "realigned_turns": int(df["n_realign"].sum()),
+        "tokens": int(df["tokens"].sum()),
+        "trainable_tokens": int(df["trainable"].sum()),
+        "reward_mean": float(r.mean()), "reward_std": float(r.std() or 0.0),
+        "reward_min": float(r.min()), "reward_max": float(r.max()),
+        "reward_histogram": [(float(a), float(b), int(c)) for a, b, c in zip(hist[1][:-1], hist[1][1:], hist[0])],
+    }

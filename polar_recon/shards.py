@@ -1,0 +1,199 @@
+"""Shard files and the build manifest (the I/O edge of reconstruction).
+
+A shard is written to ``OUT/.shard-NNNNNN.parquet.tmp`` one row group at a time and renamed to
+``OUT/shard-NNNNNN.parquet`` only when complete, so a reader never sees a partial shard. The
+manifest ``OUT/.polar-recon-manifest.json`` (also written by rename) records the strategy and every
+episode already built; a crash between a shard's rename and the manifest's save is repaired on the
+next start by reading the ``episode_id`` column of shards the manifest does not know yet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .strategies import Sequence
+
+SHARD_RE = re.compile(r"^shard-(\d{6,})\.parquet$")
+MANIFEST = ".polar-recon-manifest.json"
+
+SHARD_SCHEMA = pa.schema([
+    pa.field("episode_id", pa.string()),
+    pa.field("group_id", pa.string()),
+    pa.field("segment", pa.int32()),
+    pa.field("input_ids", pa.list_(pa.int32())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("logprobs", pa.list_(pa.float32())),
+    pa.field("prompt_len", pa.int32()),
+    pa.field("reward", pa.float64()),
+    pa.field("n_calls", pa.int32()),
+    pa.field("strategy", pa.string()),
+    pa.field("n_realign", pa.int32()),
+    pa.field("weight_version", pa.string()),
+    pa.field("model", pa.string()),
+    pa.field("group_size", pa.int32()),
+    pa.field("group_complete", pa.bool_()),
+])
+
+
+class ManifestError(Exception):
+    pass
+
+
+def shard_name(n: int) -> str:
+    return f"shard-{n:06d}.parquet"
+
+
+def _list_array(arrays: list[np.ndarray], dtype) -> pa.Array:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)).cast(pa.list_(pa.from_numpy_dtype(dtype)))
+
+
+@dataclass
+class GroupRows:
+    """The sequences of one GRPO group, ready to write."""
+    group_id: str
+    episodes: list[tuple[str, float, list[Sequence]]]  # (episode_id, reward, sequences)
+    strategy: str
+    complete: bool = True
+
+    def table(self) -> pa.Table:
+        seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
+        n = len(seqs)
+        cols = {
+            "episode_id": pa.array([e for e, _, _ in seqs], pa.string()),
+            "group_id": pa.array([self.group_id] * n, pa.string()),
+            "segment": pa.array([s.segment for _, _, s in seqs], pa.int32()),
+            "input_ids": _list_array([s.input_ids for _, _, s in seqs], np.int32),
+            "loss_mask": _list_array([s.loss_mask for _, _, s in seqs], np.int8),
+            "logprobs": _list_array([s.logprobs for _, _, s in seqs], np.float32),
+            "prompt_len": pa.array([s.prompt_len for _, _, s in seqs], pa.int32()),
+            "reward": pa.array([r for _, r, _ in seqs], pa.float64()),
+            "n_calls": pa.array([s.n_calls for _, _, s in seqs], pa.int32()),
+            "strategy": pa.array([self.strategy] * n, pa.string()),
+            "n_realign": pa.array([s.n_realign for _, _, s in seqs], pa.int32()),
+            "weight_version": pa.array([s.weight_version for _, _, s in seqs], pa.string()),
+            "model": pa.array([s.model for _, _, s in seqs], pa.string()),
+            "group_size": pa.array([len(self.episodes)] * n, pa.int32()),
+            "group_complete": pa.array([self.complete] * n, pa.bool_()),
+        }
+        return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
+
+
+class ShardWriter:
+    """Writes one shard under a temporary name; `commit` renames it into place."""
+
+    def __init__(self, out: Path, number: int, compression: str = "zstd"):
+        self.out, self.number = out, number
+        self.path = out / shard_name(number)
+        self.tmp = out / f".{shard_name(number)}.tmp"
+        self._writer = pq.ParquetWriter(str(self.tmp), SHARD_SCHEMA, compression=compression)
+        self.rows = 0
+        self.episodes: dict[str, str] = {}  # episode_id -> group_id
+
+    def write(self, group: GroupRows) -> None:
+        t = group.table()
+        if t.num_rows:
+            self._writer.write_table(t)
+        self.rows += t.num_rows
+        for eid, _, _ in group.episodes:
+            self.episodes[eid] = group.group_id
+
+    def commit(self) -> Path:
+        self._writer.close()
+        _fsync_file(self.tmp)
+        os.replace(self.tmp, self.path)
+        _fsync_dir(self.out)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync_file(path)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
+        pass
+
+
+@dataclass
+class Manifest:
+    out: Path
+    strategy: str
+    next_shard: int = 0
+    episodes: dict[str, dict] = field(default_factory=dict)  # episode_id -> {"shard": n, "group": g}
+
+    @classmethod
+    def open(cls, out: str | os.PathLike, strategy: str) -> "Manifest":
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / MANIFEST
+        m = cls(out, strategy)
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
+                built_with = data["strategy"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
+            if built_with != strategy:
+                raise ManifestError(f"{out} holds shards built with strategy {built_with!r}, not {strategy!r}: use another OUT")
+        m._adopt_unrecorded_shards()
+        for stale in out.glob(".shard-*.parquet.tmp"):  # a build killed mid-shard: never visible, drop it
+            stale.unlink(missing_ok=True)
+        return m
+
+    def _adopt_unrecorded_shards(self) -> None:
+        for p in sorted(self.out.iterdir()):
+            mt = SHARD_RE.match(p.name)
+            if not mt or int(mt.group(1)) < self.next_shard:
+                continue
+            n = int(mt.group(1))
+            t = pq.read_table(p, columns=["episode_id", "group_id"])
+            for eid, gid in zip(t.column("episode_id").to_pylist(), t.column("group_id").to_pylist()):
+                self.episodes[eid] = {"shard": n, "group": gid}
+            self.next_shard = max(self.next_shard, n + 1)
+        if self.next_shard:
+            self.save()
+
+    def record(self, writer: ShardWriter) -> None:
+        for eid, gid in writer.episodes.items():
+            self.episodes[eid] = {"shard": writer.number, "group": gid}
+        self.next_shard = max(self.next_shard, writer.number + 1)
+        self.save()
+
+    def save(self) -> None:
+        path = self.out / MANIFEST
+        tmp = self.out / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
+                                   "episodes": self.episodes}, sort_keys=True))
+        os.replace(tmp, path)
+
+    def new_shard(self) -> ShardWriter:
+        w = ShardWriter(self.out, self.next_shard)
+        self.next_shard += 1
+        return w
+
+
+def list_shards(out: str | os.PathLike) -> list[Path]:
+    return sorted(p for p in Path(out).iterdir() if SHARD_RE.match(p.name))

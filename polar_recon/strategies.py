@@ -1,0 +1,273 @@
+"""The three ways to turn one episode into training sequences.
+
+- ``token`` (the default, the point of the project): link the calls (link.py), one sequence per
+  segment, the sampled completion ids trainable with their behaviour logprobs, everything the
+  model did not sample (prompts, tool results, re-rendered turns) context with mask 0.
+- ``per-call``: every usable call its own sequence (prompt mask 0 + completion mask 1). Changes
+  what sequence-level losses mean; offered for comparison.
+- ``retokenize``: the baseline this project exists to remove: for each segment, render the final
+  conversation (the last request's messages) as text with the chat template, append the last
+  completion's text, and tokenize again. Assistant turns train; logprobs are attached by position
+  inside each turn, as a text-based pipeline would.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .episodes import Call, Episode
+from .link import CLEAN, DEFAULT_TOKENIZER, FORK, REALIGN, Node, TurnMarkers, link_calls, segments
+
+STRATEGIES = ("token", "per-call", "retokenize")
+
+
+class ReconError(Exception):
+    """An episode that cannot be reconstructed; the message names the episode."""
+
+
+@dataclass
+class Sequence:
+    episode_id: str
+    segment: int
+    input_ids: np.ndarray  # int32
+    loss_mask: np.ndarray  # int8
+    logprobs: np.ndarray  # float32
+    n_calls: int
+    n_realign: int
+    weight_version: str | None
+    model: str | None
+    calls: list[int]  # call_index of each merged call
+
+    @property
+    def prompt_len(self) -> int:
+        ones = np.flatnonzero(self.loss_mask)
+        return int(ones[0]) if len(ones) else len(self.loss_mask)
+
+
+def oldest_version(versions: list[str | None]) -> str | None:
+    """The oldest weight version: numeric order when all are numbers, else the first seen."""
+    vs = [v for v in versions if v is not None]
+    if not vs:
+        return None
+    try:
+        return min(vs, key=float)
+    except ValueError:
+        return vs[0]
+
+
+def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_realign: int) -> Sequence:
+    ids = np.concatenate([p[0] for p in pieces]).astype(np.int32, copy=False)
+    mask = np.concatenate([np.full(len(p[0]), p[1], dtype=np.int8) for p in pieces])
+    lps = np.concatenate([p[2] if p[2] is not None else np.zeros(len(p[0]), np.float32) for p in pieces])
+    return Sequence(
+        ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
+        oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
+        [c.call_index for c in calls],
+    )
+
+
+def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None) -> list[Sequence]:
+    nodes = nodes if nodes is not None else link_calls(ep.calls, m)
+    out = []
+    for s, chain in enumerate(segments(nodes)):
+        pieces = []
+        calls = [nodes[k].call for k in chain]
+        for k, call in zip(chain, calls):
+            keep = nodes[k].keep_from if nodes[k].kind in (CLEAN, REALIGN) else 0
+            pieces.append((call.prompt[keep:], 0, None))
+            pieces.append((call.completion, 1, call.logprobs))
+        out.append(_pieces_to_sequence(ep, s, calls, pieces, sum(nodes[k].realigned for k in chain)))
+    return out
+
+
+def per_call_sequences(ep: Episode) -> list[Sequence]:
+    usable = [c for c in ep.calls if c.usable]
+    return [
+        _pieces_to_sequence(ep, s, [c], [(c.prompt, 0, None), (c.completion, 1, c.logprobs)], 0)
+        for s, c in enumerate(usable)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# retokenize: the text baseline
+
+
+class Retokenizer:
+    """Renders conversations with the model's chat template (transformers) and tokenizes them."""
+
+    def __init__(self, tokenizer_dir: str | Path = DEFAULT_TOKENIZER):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.start_text = "<|im_start|>assistant\n"
+        self.end_text = "<|im_end|>"
+
+    def render(self, request: dict[str, Any]) -> str:
+        messages = chat_messages(request)
+        kwargs = dict(request.get("chat_template_kwargs") or {})
+        tools = chat_tools(request)
+        return self.tok.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+
+    def sequence(self, text: str, sampled_turns: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokenize `text`; mask 1 on assistant turn bodies; logprobs by position in each turn,
+        taken from the sampled turns in order (the last ones when the text has fewer turns)."""
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        starts = np.asarray([o[0] for o in enc["offset_mapping"]], dtype=np.int64)
+        mask = np.zeros(len(ids), np.int8)
+        lps = np.zeros(len(ids), np.float32)
+        spans = _assistant_spans(text, self.start_text, self.end_text)
+        turns = sampled_turns[-len(spans):] if spans else []
+        offset = len(spans) - len(turns)
+        for t, (a, b) in enumerate(spans):
+            sel = np.flatnonzero((starts >= a) & (starts < b))
+            mask[sel] = 1
+            if t >= offset:
+                lp = turns[t - offset][1]
+                n = min(len(sel), len(lp))
+                lps[sel[:n]] = lp[:n]
+        return ids, mask, lps
+
+
+def _assistant_spans(text: str, head: str, end: str) -> list[tuple[int, int]]:
+    spans, pos = [], 0
+    while True:
+        a = text.find(head, pos)
+        if a < 0:
+            return spans
+        a += len(head)
+        b = text.find(end, a)
+        b = len(text) if b < 0 else b + len(end)
+        spans.append((a, b))
+        pos = b
+
+
+def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes: list[Node] | None = None) -> list[Sequence]:
+    if not ep.requests:
+        raise ReconError(f"{ep.path}: retokenize needs the request text (read the episode with requests)")
+    nodes = nodes if nodes is not None else link_calls(ep.calls, m)
+    out = []
+    for s, chain in enumerate(segments(nodes)):
+        calls = [nodes[k].call for k in chain]
+        last = calls[-1]
+        raw = ep.requests[last.row]
+        try:
+            request = json.loads(raw) if raw else None
+        except json.JSONDecodeError as exc:
+            raise ReconError(f"{ep.path}: call {last.call_index}: request is not JSON ({exc})") from exc
+        if not isinstance(request, dict):
+            raise ReconError(f"{ep.path}: call {last.call_index}: no request recorded")
+        text = retok.render(request) + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False)
+        ids, mask, lps = retok.sequence(text, [(c.completion, c.logprobs) for c in calls])
+        out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
+                            oldest_version([c.info.get("weight_version") for c in calls]),
+                            calls[0].info.get("model"), [c.call_index for c in calls]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# request bodies of the four APIs as chat messages (what the template renders)
+
+
+def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    if "messages" in request and "system" not in request and not _is_anthropic(request):
+        return [dict(m) for m in request["messages"]]
+    if "messages" in request:
+        return _anthropic_messages(request)
+    if "input" in request:
+        return _responses_messages(request)
+    if "prompt" in request:
+        raise ReconError("a completions request has no conversation to render (prompt text only)")
+    raise ReconError("request has neither messages nor input")
+
+
+def _is_anthropic(request: dict[str, Any]) -> bool:
+    for m in request.get("messages", []):
+        c = m.get("content")
+        if isinstance(c, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result", "thinking") for b in c):
+            return True
+    return False
+
+
+def _text(blocks: Any) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    return "".join(b.get("text", "") for b in blocks or [] if isinstance(b, dict) and b.get("type") in ("text", "input_text", "output_text"))
+
+
+def _anthropic_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = request.get("system")
+    if system:
+        out.append({"role": "system", "content": _text(system)})
+    for msg in request["messages"]:
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append({"role": msg["role"], "content": content})
+            continue
+        if msg["role"] == "assistant":
+            calls = [{"type": "function", "id": b.get("id"), "function": {"name": b["name"], "arguments": b.get("input", {})}}
+                     for b in content if b.get("type") == "tool_use"]
+            thinking = "".join(b.get("thinking", "") for b in content if b.get("type") == "thinking")
+            m: dict[str, Any] = {"role": "assistant", "content": _text(content)}
+            if thinking:
+                m["reasoning_content"] = thinking
+            if calls:
+                m["tool_calls"] = calls
+            out.append(m)
+            continue
+        for b in content:
+            if b.get("type") == "tool_result":
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _text(b.get("content"))})
+        text = _text(content)
+        if text:
+            out.append({"role": msg["role"], "content": text})
+    return out
+
+
+def _responses_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if request.get("instructions"):
+        out.append({"role": "system", "content": request["instructions"]})
+    items = request["input"]
+    if isinstance(items, str):
+        return out + [{"role": "user", "content": items}]
+    for it in items:
+        t = it.get("type", "message")
+        if t == "message":
+            role = "system" if it.get("role") == "developer" else it.get("role", "user")
+            out.append({"role": role, "content": _text(it.get("content"))})
+        elif t == "function_call":
+            call = {"type": "function", "id": it.get("call_id"), "function": {"name": it["name"], "arguments": it.get("arguments", "{}")}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif t == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": it.get("call_id"), "content": it.get("output", "")})
+        elif t == "reasoning":
+            summary = "".join(s.get("text", "") for s in it.get("summary") or [])
+            out.append({"role": "assistant", "content": "", "reasoning_content": summary})
+    return out
+
+
+def chat_tools(request: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Tools as the chat template expects them (chat format passes through; others translated)."""
+    tools = request.get("tools")
+    if not tools:
+        return None
+    out = []
+    for t in tools:
+        if "function" in t:
+            out.append(t)
+        elif "input_schema" in t:  # anthropic
+            out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}})
+        elif t.get("type") == "function":  # responses
+            out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
+    return out or None

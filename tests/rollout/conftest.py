@@ -1,0 +1,90 @@
+"""Fixtures for the rollout tests: a fake end-point server, a fake-harness recipe, task files."""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "fake_harness.py"
+
+
+class EndServer:
+    """A tiny HTTP server that answers POST /polar/<ep>/end like the addon and remembers each end."""
+
+    def __init__(self):
+        self.ends: dict[str, dict] = {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                parts = self.path.strip("/").split("/")
+                if len(parts) == 3 and parts[0] == "polar" and parts[2] == "end":
+                    outer.ends[parts[1]] = body
+                    self.send_response(200)
+                else:
+                    self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def end_server():
+    s = EndServer()
+    yield s
+    s.close()
+
+
+def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake") -> Path:
+    """A recipe whose harness is fake_harness.py run by this Python; argv follows the script path."""
+    args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
+    text = f'''
+name = "{name}"
+api = "chat"
+quiet = []
+[install]
+kind = "none"
+bin = "{sys.executable}"
+[episode]
+via = "header"
+[env]
+HOME = "${{home}}"
+FAKE_EPISODE = "${{episode}}"
+FAKE_BASE = "${{base_url}}"
+[[files]]
+path = "${{home}}/.fake/config.json"
+content = '{{"episode": "${{episode}}", "header": "${{episode_header}}"}}'
+[run]
+argv = ["${{bin}}", {args}]
+'''
+    p = tmp_path / f"{name}.toml"
+    p.write_text(text)
+    return p
+
+
+def write_tasks(tmp_path: Path, timeout: float = 30, n: int = 1) -> Path:
+    """n copies of the fix-add task with the repo from data/tasks."""
+    repo = HERE.parent.parent / "data" / "tasks" / "repos" / "fix_add"
+    lines = [json.dumps({"id": f"add{i}", "workspace": str(repo), "prompt": "fix calc.py",
+                         "eval": "git checkout -q HEAD -- test_calc.py && python3 -m unittest -q test_calc",
+                         "timeout": timeout, "eval_timeout": 30}) for i in range(n)]
+    p = tmp_path / "tasks.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p

@@ -1,0 +1,85 @@
+"""The docker runtime for real: containers through the SDK, network none, limits, cleanup."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness_recipes import episode as ep
+from harness_recipes.recipe import load_recipe
+from harness_recipes.records import Records
+from harness_recipes.scheduler import Limits, Pipeline
+from harness_recipes.tasks import load_tasks
+
+from .conftest import FAKE, fake_recipe, write_tasks
+
+
+@pytest.fixture(scope="module")
+def docker_runtime_cls():
+    try:
+        from harness_recipes.runtimes.docker import DockerRuntime, _client
+        _client()
+    except RuntimeError as e:
+        pytest.skip(f"dockerd not reachable, docker runtime not tested here: {e}")
+    return DockerRuntime
+
+
+def run_docker(tmp_path, monkeypatch, end_server, runtime_cls, argv, timeout=30, n=1):
+    # The container sees the harness cache read-only at the same path: put the fake harness there.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copy(FAKE, cache / "fake_harness.py")
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
+    recipe_path = fake_recipe(tmp_path, argv)
+    recipe_path.write_text(recipe_path.read_text().replace(str(FAKE), str(cache / "fake_harness.py"))
+                           .replace(f'bin = "{__import__("sys").executable}"', 'bin = "/usr/bin/python3"'))
+    recipe = load_recipe(recipe_path)
+    tasks = load_tasks(write_tasks(tmp_path, timeout=timeout, n=n))
+    rt = runtime_cls(network="none", memory="1g", cpus=1.0, workdir=str(tmp_path))
+    p = Pipeline(recipe, Path("/usr/bin/python3"), rt, ep.Settings(proxy=end_server.url), Records(tmp_path / "out"),
+                 logdir=None, limits=Limits())
+    p.plan(tasks, 1)
+
+    async def go():
+        try:
+            return await p.run()
+        finally:
+            await rt.shutdown()
+
+    recs = asyncio.run(go())
+    return rt, recs
+
+
+def test_docker_fix_and_reward(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    rt, recs = run_docker(tmp_path, monkeypatch, end_server, docker_runtime_cls,
+                          ["fix", "calc.py", "return a - b", "return a + b"], n=2)
+    assert [r["status"] for r in recs] == ["done", "done"] and [r["reward"] for r in recs] == [1.0, 1.0], recs
+    assert all(r["runtime"] == "docker" for r in recs)
+    assert "calc.py" in recs[0]["changed_files"]
+    assert rt.leftovers() == [], "containers left behind"
+    assert not [d for d in tmp_path.iterdir() if d.name.startswith("polar-")]
+
+
+def test_docker_hang_times_out_and_container_is_gone(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    rt, (rec,) = run_docker(tmp_path, monkeypatch, end_server, docker_runtime_cls, ["hang", "/tmp/pids"], timeout=2)
+    assert rec["status"] == "timeout" and rec["reward"] == 0.0
+    assert rt.leftovers() == []
+
+
+def test_docker_network_none_has_no_route(tmp_path, docker_runtime_cls):
+    from harness_recipes.tasks import Task
+
+    async def go():
+        rt = docker_runtime_cls(network="none", workdir=str(tmp_path))
+        sb = await rt.prepare(Task(id="t", prompt="p", eval_cmd="true"), "t.s0", Path("."))
+        try:
+            return await sb.exec(["cat", "/proc/net/dev"], {"PATH": "/usr/bin"}, 20)
+        finally:
+            await sb.close()
+            await rt.shutdown()
+
+    res = asyncio.run(go())
+    ifaces = [line.split(":")[0].strip() for line in res.stdout.decode().splitlines()[2:]]
+    assert res.rc == 0 and ifaces == ["lo"], ifaces  # no interface but loopback: no route anywhere

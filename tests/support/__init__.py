@@ -1,0 +1,1 @@
+"""Shared test helpers (servers, fixtures data) for every test suite."""

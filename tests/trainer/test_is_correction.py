@@ -1,0 +1,69 @@
+"""Importance sampling against behaviour logprobs: hand-computed ratios and clips for every mode."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.is_correction import MODES, is_ratio
+
+# Two sequences, four completion positions. Row 0: log-diffs ln2, -ln4, 0(masked tool token), pad.
+# Row 1: ln5, ln5 then padding. old - behaviour per token:
+OLD = torch.tensor([[math.log(2.0), math.log(0.25), 5.0, 0.0],
+                    [math.log(5.0), math.log(5.0), 0.0, 0.0]])
+BEH = torch.zeros(2, 4)
+MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])
+
+
+def close(t, expected):
+    assert torch.allclose(t, torch.tensor(expected, dtype=t.dtype), atol=1e-5), (t, expected)
+
+
+def test_token_truncate():
+    r, st = is_ratio(OLD, BEH, MASK, "token_truncate", 0.5, 3.0)
+    close(r, [[2.0, 0.5, 1.0, 1.0], [3.0, 3.0, 1.0, 1.0]])  # masked positions: no correction
+    assert st["clipped_frac"] == pytest.approx(3 / 4)  # 0.25 < 0.5, 5 > 3 twice
+    assert (st["min"], st["max"]) == (pytest.approx(0.5), pytest.approx(3.0))
+    assert st["mean"] == pytest.approx((2 + 0.5 + 3 + 3) / 4)
+    assert st["raw_mean"] == pytest.approx((2 + 0.25 + 5 + 5) / 4)
+
+
+def test_token_mask():
+    r, st = is_ratio(OLD, BEH, MASK, "token_mask", 0.5, 3.0)
+    close(r, [[2.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    assert st["clipped_frac"] == pytest.approx(3 / 4)
+    assert st["max"] == pytest.approx(2.0) and st["min"] == 0.0
+
+
+def test_sequence_truncate():
+    # Row 0: exp(ln2 - ln4) = 0.5 ; row 1: exp(2 ln5) = 25 -> 3.
+    r, st = is_ratio(OLD, BEH, MASK, "sequence_truncate", None, 3.0)
+    close(r, [[0.5], [3.0]])
+    assert st["clipped_frac"] == pytest.approx(0.5)
+    assert st["raw_mean"] == pytest.approx((0.5 + 25) / 2)
+
+
+def test_sequence_mask():
+    r, st = is_ratio(OLD, BEH, MASK, "sequence_mask", 0.6, 3.0)
+    close(r, [[0.0], [0.0]])  # 0.5 < 0.6 and 25 > 3: both masked
+    r, _ = is_ratio(OLD, BEH, MASK, "sequence_mask", None, 30.0)
+    close(r, [[0.5], [25.0]])
+    assert st["logp_diff_max"] == pytest.approx(2 * math.log(5.0) / 2 * 1)  # per-token |diff| max = ln5
+
+
+def test_nan_and_zero_mask_rows():
+    old = torch.tensor([[float("nan"), 0.3], [0.0, 0.0]])
+    beh = torch.zeros(2, 2)
+    mask = torch.tensor([[1, 1], [0, 0]])  # row 1: a padding row that trains nothing
+    r, st = is_ratio(old, beh, mask, "sequence_mask", None, 3.0)
+    close(r, [[math.exp(0.3)], [1.0]])
+    assert st["mean"] == pytest.approx(math.exp(0.3))  # the padding row is left out of the stats
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="unknown importance sampling mode"):
+        is_ratio(OLD, BEH, MASK, "tis", None, 3.0)
+    with pytest.raises(ValueError, match="needs clip_min or clip_max"):
+        is_ratio(OLD, BEH, MASK, "token_truncate", None, None)
+    assert set(MODES) == {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}

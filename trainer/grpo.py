@@ -1,0 +1,280 @@
+"""TRL GRPO over Polar shards: a GRPOConfig with the shard fields and a GRPOTrainer subclass.
+
+Extension points used (TRL 1.16), and nothing else:
+- ``rollout_func``: pulls G-row groups from the ShardSource instead of generating (trainer/rollout.py
+  documents the row mapping and the group-size policy). Returns ``env_mask`` (the shard's loss mask)
+  and the recorded ``logprobs``, which TRL pads into ``sampling_per_token_logps``.
+- reward function ``shard_reward``: returns the shard's ``reward`` column, forwarded by TRL from the
+  rollout's extra keys.
+- one subclass hook, ``_generate_and_score_completions``: after TRL has built the batch and the
+  group-normalised advantages, apply importance sampling against the recorded behaviour logprobs.
+  TRL runs its own correction only with ``use_vllm=True``; here the same modes, names and defaults
+  (``vllm_importance_sampling_correction/mode/clip_min/clip_max``, which this config reuses) are
+  applied by scaling the advantages per token (B, T) or per sequence (B, 1), a shape TRL's loss
+  explicitly accepts from subclasses. For every loss but vespo the per-token loss is positively
+  homogeneous in the advantage (-min(r*A*w, clip(r)*A*w) = -w*min(r*A, clip(r)*A) for w >= 0; cispo
+  and sapo are linear in A), so this equals TRL's ``per_token_loss * importance_sampling_ratio``
+  exactly, with the KL term left uncorrected as in TRL. For vespo the ratio goes to
+  ``inputs["importance_sampling_ratio"]``, which TRL's vespo loss reads.
+- ``train(resume_from_checkpoint=...)`` restores the shard cursor; a TrainerCallback writes it into
+  every checkpoint directory.
+
+pi_old: when TRL computed ``old_per_token_logps`` (misaligned steps) it is used; otherwise TRL uses the
+detached current logps in the loss, which equal the policy's logps at generation time, and one
+no-grad forward computes them here for the ratio (what TRL does for its vLLM path).
+
+Temperature: the trainer's logps divide the logits by ``temperature``; set it to the sampling
+temperature the server used, or the ratio measures the temperature, not the staleness.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
+
+from trainer.is_correction import MODES, is_ratio
+from trainer.rollout import POLICIES, RolloutStats, fit_group, rows_to_columns
+from trainer.shard_source import ShardCursor, ShardSource
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER_PROMPT = "<polar: the rollout comes from a shard>"
+
+
+@dataclass
+class PolarGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the shard stream. Importance sampling reuses TRL's own fields
+    ``vllm_importance_sampling_correction`` (default True), ``vllm_importance_sampling_mode``
+    (token_truncate | token_mask | sequence_truncate | sequence_mask, default sequence_mask),
+    ``vllm_importance_sampling_clip_max`` (3.0) and ``vllm_importance_sampling_clip_min`` (None),
+    applied to the recorded behaviour logprobs with ``use_vllm=False``."""
+
+    shards: str | None = field(default=None, metadata={
+        "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
+    shard_poll_interval: float = field(default=1.0, metadata={"help": "Seconds between directory listings."})
+    shard_wait_timeout: float | None = field(default=None, metadata={
+        "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
+    max_policy_lag: int | None = field(default=None, metadata={
+        "help": "Drop groups whose weight_version is more than this many reloads behind the newest known "
+        "(and groups without a version). None: keep all."})
+    group_size_policy: str = field(default="pad", metadata={
+        "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
+        "padding rows) or 'skip'."})
+    drop_incomplete_groups: bool = field(default=False, metadata={
+        "help": "Drop groups recon wrote after a timeout (group_complete=false)."})
+    # Weight sync (trainer/weight_sync.py). Off unless sync_server is set.
+    sync_server: str | None = field(default=None, metadata={
+        "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
+    sync_steps: int = field(default=1, metadata={"help": "Push the weights every this many optimizer steps."})
+    sync_mode: str = field(default="polar", metadata={
+        "help": "'polar': full weights + POST /polar/reload; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
+    sync_dir: str | None = field(default=None, metadata={
+        "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
+    sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
+    lora_name: str = field(default="polar", metadata={"help": "Adapter name for sync_mode=vllm_lora."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.use_vllm:
+            raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "
+                             "(importance sampling uses the recorded logprobs instead)")
+        if self.vllm_importance_sampling_mode not in MODES:
+            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {MODES}")
+        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
+                and not self.vllm_importance_sampling_mode.startswith("token"):
+            raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
+        if self.group_size_policy not in POLICIES:
+            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
+        if self.max_steps is None or self.max_steps <= 0:
+            raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
+        if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
+            raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
+        if self.sync_mode not in ("polar", "vllm_lora"):
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'vllm_lora')")
+        self._check_save_alignment()
+
+    def _check_save_alignment(self) -> None:
+        # The cursor counts groups handed to the trainer. It equals "groups trained" only at checkpoints
+        # that fall on a generation boundary; refuse a save_steps that could land mid-generation.
+        generate_every = self.steps_per_generation * self.num_iterations  # micro-steps per rollout
+        save = self.save_steps
+        if str(self.save_strategy).lower().endswith("steps") and save and save >= 1 and float(save).is_integer():
+            if (int(save) * self.gradient_accumulation_steps) % generate_every:
+                raise ValueError(
+                    f"save_steps={int(save)} would checkpoint in the middle of a rollout batch (a rollout spans "
+                    f"{generate_every} micro-steps = steps_per_generation {self.steps_per_generation} x "
+                    f"num_iterations {self.num_iterations}, gradient_accumulation_steps "
+                    f"{self.gradient_accumulation_steps}); the shard cursor would then be inexact. Use a multiple.")
+
+
+def shard_reward(prompts, completions, reward, **kwargs) -> list[float | None]:
+    """The reward recorded in the shard (the episode's reward; None on padding rows)."""
+    return list(reward)
+
+
+class ShardRollout:
+    """The ``rollout_func``: pulls len(prompts)/G groups from the source, G rows each."""
+
+    def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
+                 wait_timeout: float | None = None):
+        self.source = source
+        self.g = num_generations
+        self.policy = policy
+        self.wait_timeout = wait_timeout
+        self.stats = RolloutStats()
+
+    def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
+        if len(prompts) % self.g:
+            raise ValueError(f"{len(prompts)} prompts is not a multiple of num_generations {self.g}")
+        rows: list[dict] = []
+        while len(rows) < len(prompts):
+            group = self.source.next_group(self.wait_timeout)
+            fitted, note = fit_group(group, self.g, self.policy)
+            if fitted is None:
+                self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
+                log.warning("skipping group %s of %s: %s", group.group_id, group.shard, note)
+                continue
+            if note:
+                log.info("group %s of %s: %s", group.group_id, group.shard, note)
+            n_real = sum(not r["polar_pad"] for r in fitted)
+            self.stats.rows_padded += self.g - n_real
+            self.stats.rows_trimmed += len(group.rows) - n_real
+            self.stats.groups += 1
+            self.stats.landing_latency.append(time.time() - group.landed_at)
+            cur, v = self.source.current_version, group.version
+            if cur is not None and v is not None:
+                self.stats.policy_lag.append(cur - v)
+            rows += fitted
+        return rows_to_columns(rows)
+
+
+def placeholder_dataset(n: int) -> Dataset:
+    return Dataset.from_dict({"prompt": [PLACEHOLDER_PROMPT] * n})
+
+
+class ShardCursorCallback(TrainerCallback):
+    """Writes the shard cursor into each checkpoint directory (after the trainer wrote it)."""
+
+    def __init__(self, source: ShardSource):
+        self.source = source
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not ckpt.is_dir():
+                raise FileNotFoundError(f"checkpoint directory {ckpt} missing when saving the shard cursor")
+            self.source.cursor.save(ckpt)
+
+
+class PolarGRPOTrainer(GRPOTrainer):
+    def __init__(self, model, args: PolarGRPOConfig, *, source: ShardSource | None = None,
+                 reward_funcs=None, processing_class=None, callbacks=None, **kwargs):
+        if not isinstance(args, PolarGRPOConfig):
+            raise TypeError("PolarGRPOTrainer needs a PolarGRPOConfig")
+        if source is None:
+            if not args.shards:
+                raise ValueError("give a ShardSource or set PolarGRPOConfig.shards")
+            source = ShardSource(args.shards, poll_interval=args.shard_poll_interval,
+                                 max_policy_lag=args.max_policy_lag, drop_incomplete=args.drop_incomplete_groups)
+        self.shard_source = source
+        self.shard_rollout = ShardRollout(source, args.num_generations, args.group_size_policy,
+                                          args.shard_wait_timeout)
+        self.polar_is_stats: dict[str, float] = {}
+        callbacks = [ShardCursorCallback(source), *(callbacks or [])]
+        if args.sync_server:
+            from trainer.weight_sync import WeightSyncCallback
+            callbacks.append(WeightSyncCallback.from_config(args, source))
+        super().__init__(
+            model=model,
+            reward_funcs=[shard_reward, *(reward_funcs or [])],
+            args=args,
+            train_dataset=placeholder_dataset(args.generation_batch_size // args.num_generations),
+            processing_class=processing_class,
+            callbacks=callbacks,
+            rollout_func=self.shard_rollout,
+            **kwargs,
+        )
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        ckpt = resume_from_checkpoint
+        if ckpt is True:
+            ckpt = get_last_checkpoint(self.args.output_dir)
+            if ckpt is None:
+                raise ValueError(f"resume requested but no checkpoint in {self.args.output_dir}")
+        if ckpt:
+            self.shard_source.restore(ShardCursor.load(ckpt))
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    # -- the one hook ---------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        t0 = time.perf_counter()
+        load0, wait0 = self.shard_source.stats.load_seconds, self.shard_source.stats.wait_seconds
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        if self.args.vllm_importance_sampling_correction:
+            self._apply_behaviour_is(output, metrics)
+        self._log_shard_metrics(metrics, load0, wait0, time.perf_counter() - t0)
+        return output
+
+    def _apply_behaviour_is(self, output: dict, metrics) -> None:
+        behaviour = output.get("sampling_per_token_logps")
+        if behaviour is None:
+            raise RuntimeError("rollout returned no behaviour logprobs; cannot apply importance sampling")
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        old = output.get("old_per_token_logps")
+        if old is None:
+            old = self._policy_logps(output)
+        args = self.args
+        ratio, stats = is_ratio(old, behaviour, mask, args.vllm_importance_sampling_mode,
+                                args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
+        if self.loss_type == "vespo":
+            output["importance_sampling_ratio"] = ratio
+        else:
+            adv = output["advantages"]
+            output["advantages"] = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * ratio
+        self.polar_is_stats = stats
+        names = {"mean": "mean", "min": "min", "max": "max", "raw_mean": "raw_mean", "clipped_frac": "clipped_frac"}
+        for k, name in names.items():
+            if k in stats:
+                metrics[f"sampling/importance_sampling_ratio/{name}"].append(stats[k])
+        for k in ("logp_diff_mean", "logp_diff_max"):
+            if k in stats:
+                metrics[f"sampling/sampling_logp_difference/{k.rsplit('_', 1)[1]}"].append(stats[k])
+
+    @torch.no_grad()
+    def _policy_logps(self, output: dict) -> torch.Tensor:
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attn = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, ids, attn, output["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _log_shard_metrics(self, metrics, load0: float, wait0: float, seconds: float) -> None:
+        src, st = self.shard_source.stats, self.shard_rollout.stats
+        load, wait = src.load_seconds - load0, src.wait_seconds - wait0
+        metrics["polar/shard_load_s"].append(load)
+        metrics["polar/shard_wait_s"].append(wait)
+        metrics["polar/rollout_s"].append(seconds)
+        metrics["polar/groups_total"].append(st.groups)
+        metrics["polar/rows_padded_total"].append(st.rows_padded)
+        metrics["polar/groups_skipped_total"].append(sum(st.skipped.values()))
+        metrics["polar/groups_dropped_total"].append(sum(src.dropped.values()))
+        if st.landing_latency:
+            metrics["polar/landing_to_batch_s"].append(sum(st.landing_latency) / len(st.landing_latency))
+        if st.policy_lag:
+            metrics["polar/policy_lag"].append(sum(st.policy_lag) / len(st.policy_lag))
+        if self.shard_source.current_version is not None:
+            metrics["polar/weight_version"].append(self.shard_source.current_version)
+        st.landing_latency.clear()
+        st.policy_lag.clear()

@@ -1,0 +1,267 @@
+"""The aiohttp application: routes, request decoding, error answers, streaming. I/O only.
+
+Everything a response contains is computed by chat.py and the dialect modules; this module reads
+bodies, maps RequestError to the dialect's error body, writes SSE, and swaps weights on reload.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from . import dialect_sglang as sg
+from . import dialect_vllm as vl
+from .chat import Result, build_chat_call, build_completion_call, collect
+from .engine import Engine, Job
+from .model import ServedModel
+from .params import sampling_params, stop_list
+from .render import RequestError, render_chat
+
+log = logging.getLogger("polar-serve")
+VERSION_HEADER = "x-polar-weight-version"
+
+
+class Server:
+    def __init__(self, model: ServedModel, dialect: str, served_name: str, script: dict | None = None,
+                 weight_version: str | None = None):
+        self.model = model
+        self.engine = Engine(model)
+        self.dialect = dialect
+        self.served_name = served_name
+        self.script = script
+        self.reloads = 0
+        self.weight_version = weight_version or "default"
+
+    # -- helpers ------------------------------------------------------------------------------
+    def error(self, message: str, status: int = 400, err_type: str | None = None) -> web.Response:
+        if self.dialect == "vllm":
+            t = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+            body = vl.error_body(message, t, status)
+        else:
+            body = sg.error_body(message, err_type or ("BadRequest" if status < 500 else "InternalServerError"), status)
+        return web.json_response(body, status=status, headers=self.headers())
+
+    def headers(self) -> dict:
+        return {VERSION_HEADER: self.weight_version}
+
+    async def body(self, request: web.Request) -> dict:
+        raw = await request.read()
+        try:
+            data = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise RequestError("the request body must be a JSON object")
+        return data
+
+    def check_model(self, body: dict) -> None:
+        name = body.get("model")
+        if self.dialect == "vllm" and name not in (None, "") and name != self.served_name:
+            raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+
+    async def sse(self, request: web.Request, chunks) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache", **self.headers()})
+        await resp.prepare(request)
+        try:
+            async for c in chunks:
+                await resp.write(c)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        await resp.write_eof()
+        return resp
+
+    # -- routes -------------------------------------------------------------------------------
+    def routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/v1/chat/completions", self.wrap(self.chat))
+        r.add_post("/v1/completions", self.wrap(self.completions))
+        r.add_get("/v1/models", self.wrap(self.models))
+        r.add_post("/tokenize", self.wrap(self.tokenize))
+        r.add_post("/detokenize", self.wrap(self.detokenize))
+        r.add_get("/health", self.wrap(self.health))
+        r.add_get("/polar/weight_version", self.wrap(self.get_version))
+        r.add_post("/polar/reload", self.wrap(self.reload))
+        if self.dialect == "sglang":
+            r.add_post("/v1/tokenize", self.wrap(self.tokenize))
+            r.add_post("/v1/detokenize", self.wrap(self.detokenize))
+            r.add_post("/generate", self.wrap(self.generate))
+            r.add_get("/get_model_info", self.wrap(self.model_info))
+            r.add_get("/health_generate", self.wrap(self.health))
+
+    def wrap(self, fn):
+        async def handler(request: web.Request):
+            try:
+                return await fn(request)
+            except RequestError as e:
+                return self.error(str(e), e.status, e.err_type if e.err_type != "BadRequestError" else None)
+            except web.HTTPException:
+                raise
+            except Exception as e:  # a bug must answer 500 and keep the server up
+                log.exception("request failed")
+                return self.error(f"internal error: {type(e).__name__}: {e}", 500)
+        return handler
+
+    async def chat(self, request: web.Request):
+        body = await self.body(request)
+        self.check_model(body)
+        if self.dialect == "sglang":
+            sg.check_chat(body)
+        call = await self.engine.run_sync(build_chat_call, body, self.dialect, self.served_name, self.script)
+        started = time.time()
+        q = self.engine.stream(call.job)
+        tok = self.model.tokenizer
+        if body.get("stream"):
+            if self.dialect == "vllm":
+                return await self.sse(request, vl.chat_stream(call, q, tok))
+            return await self.sse(request, sg.chat_stream(call, q, tok, request.headers, self.model.eos_ids))
+        res = await collect(q)
+        if self.dialect == "vllm":
+            out = vl.chat_full(call, res, tok)
+        else:
+            out = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started)
+        return web.json_response(out, headers=self.headers(), dumps=_dumps)
+
+    async def completions(self, request: web.Request):
+        body = await self.body(request)
+        self.check_model(body)
+        call = await self.engine.run_sync(build_completion_call, body, self.dialect, self.served_name)
+        q = self.engine.stream(call.job)
+        tok = self.model.tokenizer
+        if body.get("stream"):
+            if self.dialect == "vllm":
+                return await self.sse(request, vl.completion_stream(call, q, tok))
+            return await self.sse(request, sg.completion_stream(call, q, tok, self.model.eos_ids))
+        res = await collect(q)
+        out = vl.completion_full(call, res, tok) if self.dialect == "vllm" else sg.completion_full(
+            call, res, tok, self.model.eos_ids)
+        return web.json_response(out, headers=self.headers(), dumps=_dumps)
+
+    async def models(self, request: web.Request):
+        created = int(time.time())
+        if self.dialect == "vllm":
+            card = {"id": self.served_name, "object": "model", "created": created, "owned_by": "vllm",
+                    "root": str(self.model.model_dir), "parent": None, "max_model_len": self.model.max_len,
+                    "permission": []}
+        else:
+            card = {"id": self.served_name, "object": "model", "created": created, "owned_by": "sglang",
+                    "root": self.served_name, "max_model_len": self.model.max_len}
+        return web.json_response({"object": "list", "data": [card]}, headers=self.headers())
+
+    async def tokenize(self, request: web.Request):
+        body = await self.body(request)
+        self.check_model(body)
+        tok = self.model.tokenizer
+        if "messages" in body:
+            _, ids = await self.engine.run_sync(lambda m: render_chat(m.tokenizer, body, self.dialect))
+        elif isinstance(body.get("prompt"), str):
+            add = body.get("add_special_tokens", True)
+            ids = tok.encode(body["prompt"], add_special_tokens=bool(add))
+        else:
+            raise RequestError("/tokenize needs 'prompt' (a string) or 'messages'")
+        out = {"count": len(ids), "max_model_len": self.model.max_len, "tokens": ids}
+        if self.dialect == "vllm":
+            out["token_strs"] = tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
+        return web.json_response(out, headers=self.headers())
+
+    async def detokenize(self, request: web.Request):
+        body = await self.body(request)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
+            raise RequestError("/detokenize needs 'tokens': a list of token ids")
+        vocab = self.model.hf.config.vocab_size
+        if any(x < 0 or x >= vocab for x in ids):
+            raise RequestError(f"token ids must be in [0, {vocab})")
+        return web.json_response({"prompt": self.model.tokenizer.decode(ids)}, headers=self.headers())
+
+    async def health(self, request: web.Request):
+        return web.Response(status=200, headers=self.headers())
+
+    async def get_version(self, request: web.Request):
+        return web.json_response({"weight_version": self.weight_version, "reloads": self.reloads,
+                                  "model": str(self.model.model_dir)}, headers=self.headers())
+
+    async def model_info(self, request: web.Request):
+        return web.json_response({"model_path": str(self.model.model_dir), "tokenizer_path": str(self.model.model_dir),
+                                  "is_generation": True, "weight_version": self.weight_version})
+
+    async def reload(self, request: web.Request):
+        body = await self.body(request)
+        d = body.get("model")
+        if not isinstance(d, str) or not (Path(d) / "config.json").is_file():
+            raise RequestError(f"'model' must name a model directory with a config.json (got {d!r})")
+        # On the worker thread: waits for the running generation, never swaps mid-request.
+        await self.engine.run_sync(lambda m: m.load(d))
+        self.reloads += 1
+        self.weight_version = str(body.get("weight_version") or self.reloads)
+        return web.json_response({"success": True, "message": "weights reloaded", "weight_version": self.weight_version,
+                                  "model": d}, headers=self.headers())
+
+    async def generate(self, request: web.Request):
+        body = await self.body(request)
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise RequestError("'sampling_params' must be an object")
+        tok = self.model.tokenizer
+        if body.get("input_ids") is not None:
+            ids = body["input_ids"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(x, int) for x in ids):
+                raise RequestError("'input_ids' must be a non-empty list of token ids (batches are not supported)")
+            text = tok.decode(ids)
+        elif isinstance(body.get("text"), str):
+            text = body["text"]
+            ids = tok.encode(text, add_special_tokens=False)
+        else:
+            raise RequestError("/generate needs 'text' (a string) or 'input_ids' (a list of ints)")
+        fake = {"temperature": sp.get("temperature"), "top_p": sp.get("top_p"), "top_k": sp.get("top_k"),
+                "min_p": sp.get("min_p"), "max_tokens": sp.get("max_new_tokens", 128), "seed": sp.get("sampling_seed"),
+                "stop": sp.get("stop"), "stop_token_ids": sp.get("stop_token_ids"), "ignore_eos": sp.get("ignore_eos")}
+        params = sampling_params(fake, self.model.gen_defaults, self.model.max_len, len(ids), chat=False)
+        from .chat import Call
+        import uuid
+        job = Job(ids, params, stop=stop_list(fake))
+        call = Call(body, "sglang", self.served_name, uuid.uuid4().hex, int(time.time()), ids, text, params, job,
+                    thinking=False)
+        started = time.time()
+        q = self.engine.stream(job)
+        lp = bool(body.get("return_logprob"))
+        with_ids = bool(body.get("return_prompt_token_ids"))
+        if body.get("stream"):
+            return await self.sse(request, self._generate_stream(call, q, lp, with_ids, started))
+        res = await collect(q)
+        return web.json_response(sg.generate_out(call, res, self.weight_version, self.model.eos_ids, started, lp,
+                                                 with_ids), headers=self.headers(), dumps=_dumps)
+
+    async def _generate_stream(self, call, q, lp, with_ids, started):
+        res = Result()
+        while True:
+            ev = await q.get()
+            if ev.kind == "error":
+                yield sg._sse(sg.error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+                return
+            if ev.step is not None:
+                res.steps.append(ev.step)
+                res.text += ev.text
+            if ev.kind == "done":
+                res.finish_reason, res.stop_reason = ev.finish_reason, ev.stop_reason
+            out = sg.generate_out(call, res, self.weight_version, self.model.eos_ids, started, lp, with_ids)
+            if ev.kind != "done":
+                out["meta_info"]["finish_reason"] = None
+            yield sg._sse(out)
+            if ev.kind == "done":
+                break
+        yield b"data: [DONE]\n\n"
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def make_app(server: Server) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    server.routes(app)
+    return app

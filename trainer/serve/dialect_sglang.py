@@ -1,0 +1,242 @@
+"""SGLang 0.5.23 wire format: chat / completions / native /generate layouts, sglext, errors.
+
+Followed: `srt/entrypoints/openai/protocol.py` (ChatMessage, ChatCompletionResponseChoice with its
+serializer dropping unset id fields, DeltaMessage, ChatCompletionStreamResponse with `sglext`,
+ToolCall {id, index, type, function}, UsageInfo), `serving_chat.py` (first chunk `{role, content: ""}`,
+separate finish chunk with an empty delta and `matched_stop`, usage chunk after it),
+`srt/managers/io_struct.py` (GenerateReqInput) and wire-formats.md:
+- ids on the choice: `prompt_token_ids` / `response_token_ids` (non-streaming only; the flags are
+  rejected with `stream: true`), `meta_info` with `return_meta_info`;
+- streaming ids through sglext: request fields `return_input_ids_in_sglext` /
+  `return_output_ids_in_sglext` or headers `x-sglext-return-input-ids` / `-output-ids`; a chunk with
+  `choices: []` and `sglext: {input_ids, output_ids: [[...]]}` comes before the usage chunk
+  (`x-sglext-ids-framed: 1` sends it as SSE event `sglext_ids`);
+- chunks and answers are full dumps (nulls included); errors are
+  `{"object": "error", "message", "type", "param", "code"}`.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from .chat import Call, Result, chat_logprob_entries, new_stream_parser, parse_result, reasoning_token_count
+from .render import RequestError
+
+STREAM_REJECTED = ("return_prompt_token_ids", "return_token_ids", "return_meta_info")
+
+
+def error_body(message: str, err_type: str = "BadRequest", status: int = 400) -> dict:
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def check_chat(body: dict) -> None:
+    if body.get("stream"):
+        for f in STREAM_REJECTED:
+            if body.get(f):
+                raise RequestError(f"{f} is not supported with stream=True. Use return_input_ids_in_sglext / "
+                                   f"return_output_ids_in_sglext (or the x-sglext-* headers) for streaming.")
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _matched(res: Result, eos_ids) -> int | str | None:
+    if res.finish_reason != "stop":
+        return None
+    if res.stop_reason is not None:
+        return res.stop_reason
+    return res.steps[-1].token_id if res.steps else None
+
+
+def _usage(call: Call, ids: list[int], tokenizer) -> dict:
+    p, c = len(call.prompt_ids), len(ids)
+    return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c, "prompt_tokens_details": None,
+            "reasoning_tokens": reasoning_token_count(ids, tokenizer, True) if call.thinking else 0}
+
+
+def meta_info(call: Call, res: Result, weight_version: str, eos_ids, started: float) -> dict:
+    fr = {"type": res.finish_reason}
+    m = _matched(res, eos_ids)
+    if res.finish_reason == "length":
+        fr["length"] = len(res.steps)
+    elif m is not None:
+        fr["matched"] = m
+    return {"id": call.request_id, "finish_reason": fr, "prompt_tokens": len(call.prompt_ids),
+            "weight_version": weight_version, "completion_tokens": len(res.steps), "cached_tokens": 0,
+            "e2e_latency": round(time.time() - started, 6)}
+
+
+def chat_full(call: Call, res: Result, tokenizer, weight_version: str, eos_ids, started: float) -> dict:
+    b = call.body
+    p = parse_result(call, res)
+    from .parsers import new_tool_call_id
+    tcs = None
+    if p.tool_calls:
+        tcs = [{"id": new_tool_call_id("sglang"), "index": i, "type": "function",
+                "function": {"name": tc.name, "arguments": tc.arguments}} for i, tc in enumerate(p.tool_calls)]
+    finish = "tool_calls" if tcs and res.finish_reason == "stop" else res.finish_reason
+    msg = {"role": "assistant", "content": p.content, "reasoning_content": p.reasoning, "tool_calls": tcs}
+    lp = None
+    if b.get("logprobs"):
+        lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")), True)}
+    choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish,
+              "matched_stop": _matched(res, eos_ids)}
+    if b.get("return_prompt_token_ids"):
+        choice["prompt_token_ids"] = call.prompt_ids
+    if b.get("return_token_ids"):
+        choice["response_token_ids"] = res.ids
+    if b.get("return_meta_info"):
+        choice["meta_info"] = meta_info(call, res, weight_version, eos_ids, started)
+    return {"id": call.request_id, "object": "chat.completion", "created": call.created, "model": call.model_name,
+            "choices": [choice], "usage": _usage(call, res.ids, tokenizer), "metadata": None}
+
+
+def _flag(body: dict, headers, field: str, header: str) -> bool:
+    return bool(body.get(field)) or headers.get(header, "").strip().lower() in ("1", "true", "yes")
+
+
+def _empty_delta() -> dict:
+    return {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+
+
+def _delta(d: dict) -> dict:
+    out = _empty_delta()
+    if "reasoning" in d:
+        out["reasoning_content"] = d["reasoning"]
+    elif "content" in d:
+        out["content"] = d["content"]
+    else:
+        tc = d["tool_call"]
+        named = "name" in tc
+        out["tool_calls"] = [{"id": tc.get("id") if named else None, "index": tc["index"], "type": "function",
+                              "function": {"name": tc.get("name") if named else None,
+                                           "arguments": "" if named else tc["arguments"]}}]
+    return out
+
+
+async def chat_stream(call: Call, queue, tokenizer, headers, eos_ids):
+    b = call.body
+    head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
+    want_lp = bool(b.get("logprobs"))
+    as_ids = bool(b.get("return_tokens_as_token_ids"))
+    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
+    in_ids = _flag(b, headers, "return_input_ids_in_sglext", "x-sglext-return-input-ids")
+    out_ids = _flag(b, headers, "return_output_ids_in_sglext", "x-sglext-return-output-ids")
+    framed = headers.get("x-sglext-ids-framed", "").strip().lower() in ("1", "true", "yes")
+
+    def chunk(choices, usage=None, **extra):
+        return dict(head, choices=choices, usage=usage, **extra)
+
+    yield _sse(chunk([{"index": 0, "delta": dict(_empty_delta(), role="assistant", content=""), "logprobs": None,
+                       "finish_reason": None, "matched_stop": None}]))
+    parser = new_stream_parser(call)
+    res = Result()
+    pending = []
+    saw_tool = False
+    while True:
+        ev = await queue.get()
+        if ev.kind == "error":
+            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+            return
+        if ev.step is not None:
+            res.steps.append(ev.step)
+            res.text += ev.text
+            pending.append(ev.step)
+        if ev.kind == "done":
+            res.finish_reason, res.stop_reason = ev.finish_reason, ev.stop_reason
+        deltas = parser.feed(res.text, final=ev.kind == "done")
+        for i, d in enumerate(deltas):
+            saw_tool = saw_tool or "tool_call" in d
+            lp = None
+            if want_lp and i == 0 and pending:
+                lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, True)}
+                pending = []
+            yield _sse(chunk([{"index": 0, "delta": _delta(d), "logprobs": lp, "finish_reason": None,
+                               "matched_stop": None}]))
+        if ev.kind == "done":
+            break
+    finish = "tool_calls" if saw_tool and res.finish_reason == "stop" else res.finish_reason
+    lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, True)} if want_lp and pending else None
+    yield _sse(chunk([{"index": 0, "delta": _empty_delta(), "logprobs": lp, "finish_reason": finish,
+                       "matched_stop": _matched(res, eos_ids)}]))
+    if in_ids or out_ids:
+        ext = {}
+        if in_ids:
+            ext["input_ids"] = call.prompt_ids
+        if out_ids:
+            ext["output_ids"] = [res.ids]
+        body = chunk([], sglext=ext)
+        if framed:
+            yield b"event: sglext_ids\n" + _sse(body)
+        else:
+            yield _sse(body)
+    if usage_on:
+        yield _sse(chunk([], usage=_usage(call, res.ids, tokenizer)))
+    yield b"data: [DONE]\n\n"
+
+
+# -- /v1/completions ------------------------------------------------------------------------------
+def completion_full(call: Call, res: Result, tokenizer, eos_ids) -> dict:
+    b = call.body
+    choice = {"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason,
+              "matched_stop": _matched(res, eos_ids)}
+    if b.get("logprobs") not in (None, False):
+        from .dialect_vllm import _legacy_logprobs
+        choice["logprobs"] = _legacy_logprobs(tokenizer, res.steps, False)
+    if b.get("return_token_ids"):
+        choice["prompt_token_ids"] = call.prompt_ids
+        choice["token_ids"] = res.ids
+    return {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name,
+            "choices": [choice], "usage": {"prompt_tokens": len(call.prompt_ids),
+                                           "total_tokens": len(call.prompt_ids) + len(res.steps),
+                                           "completion_tokens": len(res.steps), "prompt_tokens_details": None,
+                                           "reasoning_tokens": 0}, "metadata": None}
+
+
+async def completion_stream(call: Call, queue, tokenizer, eos_ids):
+    b = call.body
+    head = {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name}
+    want_ids = bool(b.get("return_token_ids"))
+    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
+    res = Result()
+    first = True
+    while True:
+        ev = await queue.get()
+        if ev.kind == "error":
+            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+            return
+        if ev.step is not None:
+            res.steps.append(ev.step)
+            res.text += ev.text
+        choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": None, "matched_stop": None}
+        if ev.kind == "done":
+            res.finish_reason, res.stop_reason = ev.finish_reason, ev.stop_reason
+            choice["finish_reason"], choice["matched_stop"] = res.finish_reason, _matched(res, eos_ids)
+        if want_ids:
+            if first:
+                choice["prompt_token_ids"] = call.prompt_ids
+            choice["token_ids"] = [ev.step.token_id] if ev.step is not None else []
+        first = False
+        yield _sse(dict(head, choices=[choice], usage=None))
+        if ev.kind == "done":
+            break
+    if usage_on:
+        yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(call.prompt_ids),
+                                                 "total_tokens": len(call.prompt_ids) + len(res.steps),
+                                                 "completion_tokens": len(res.steps), "prompt_tokens_details": None,
+                                                 "reasoning_tokens": 0}))
+    yield b"data: [DONE]\n\n"
+
+
+# -- native /generate -------------------------------------------------------------------------------
+def generate_out(call: Call, res: Result, weight_version: str, eos_ids, started: float, logprob: bool,
+                 with_prompt_ids: bool) -> dict:
+    meta = meta_info(call, res, weight_version, eos_ids, started)
+    if logprob:
+        meta["output_token_logprobs"] = [[s.logprob, s.token_id, None] for s in res.steps]
+        meta["input_token_logprobs"] = []
+    out = {"text": res.text, "output_ids": res.ids, "meta_info": meta}
+    if with_prompt_ids:
+        out["prompt_token_ids"] = call.prompt_ids
+    return out

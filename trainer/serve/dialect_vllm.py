@@ -1,0 +1,207 @@
+"""vLLM 0.33 wire format: JSON layouts of chat / completions answers, stream chunks and errors.
+
+Followed: `entrypoints/openai/chat_completion/protocol.py` (ChatMessage, ChatCompletionResponse[Choice],
+ChatCompletionStreamResponse, ChatCompletionLogProbsContent), `completion/protocol.py`,
+`chat_completion/serving.py` (chunk construction) and wire-formats.md (byte-exact findings).
+- Non-streaming answers are full `model_dump()`s: every declared field present, nulls included;
+  `message.tool_calls` is dropped when empty (ChatMessage's serializer).
+- Stream chunks are `model_dump_json(exclude_unset=True)`: only fields the server sets appear.
+  First chunk per choice: `delta {role, content: ""}`, `logprobs: null`, `finish_reason: null`,
+  and top-level `prompt_token_ids` (ids or null) and `prompt_text: null`. Later chunks set
+  `logprobs`, `finish_reason`, `token_ids` (null unless `return_token_ids`) and carry top-level
+  `kv_transfer_params: null`; the finishing chunk adds `stop_reason`. A tool-call delta carries
+  `content: null`. With `stream_options.include_usage` a last chunk has `choices: []` and `usage`.
+- Errors: `{"error": {"message", "type", "param", "code"}}`.
+"""
+from __future__ import annotations
+
+import json
+
+from .chat import Call, Result, chat_logprob_entries, logprob_token, parse_result, new_stream_parser
+
+
+def error_body(message: str, err_type: str = "BadRequestError", status: int = 400) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+
+
+def _usage(p: int, c: int) -> dict:
+    return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c, "prompt_tokens_details": None}
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _tool_call(tc) -> dict:
+    return {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+
+
+def chat_full(call: Call, res: Result, tokenizer) -> dict:
+    b = call.body
+    p = parse_result(call, res)
+    from .parsers import new_tool_call_id
+    for tc in p.tool_calls:
+        tc.id = new_tool_call_id("vllm")
+    msg = {"role": "assistant", "content": p.content, "refusal": None, "annotations": None, "audio": None,
+           "function_call": None}
+    if p.tool_calls:
+        msg["tool_calls"] = [_tool_call(tc) for tc in p.tool_calls]
+    msg["reasoning"] = p.reasoning
+    finish = "tool_calls" if p.tool_calls else res.finish_reason
+    lp = None
+    if b.get("logprobs"):
+        lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")), False)}
+    want_ids = bool(b.get("return_token_ids"))
+    choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish, "stop_reason": res.stop_reason,
+              "token_ids": res.ids if want_ids else None}
+    return {"id": call.request_id, "object": "chat.completion", "created": call.created, "model": call.model_name,
+            "choices": [choice], "service_tier": None, "system_fingerprint": None,
+            "usage": _usage(len(call.prompt_ids), len(res.steps)), "prompt_logprobs": None,
+            "prompt_token_ids": call.prompt_ids if want_ids else None,
+            "prompt_text": call.prompt_text if b.get("return_prompt_text") else None,
+            "kv_transfer_params": None}
+
+
+def _delta(d: dict) -> dict:
+    if "reasoning" in d:
+        return {"reasoning": d["reasoning"]}
+    if "content" in d:
+        return {"content": d["content"]}
+    tc = d["tool_call"]
+    if "name" in tc:
+        item = {"id": tc["id"], "type": "function", "index": tc["index"], "function": {"name": tc["name"]}}
+    else:
+        item = {"index": tc["index"], "function": {"arguments": tc["arguments"]}}
+    return {"content": None, "tool_calls": [item]}
+
+
+def _merge(deltas: list[dict]) -> dict:
+    """Several parser deltas produced by one token (rare) folded into one DeltaMessage."""
+    out: dict = {}
+    for d in (_delta(x) for x in deltas):
+        for k, v in d.items():
+            if k in ("content", "reasoning") and isinstance(v, str) and isinstance(out.get(k), str):
+                out[k] += v
+            elif k == "tool_calls":
+                out.setdefault("tool_calls", []).extend(v)
+            elif k not in out or out[k] is None:
+                out[k] = v
+    return out
+
+
+async def chat_stream(call: Call, queue, tokenizer):
+    b = call.body
+    head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
+    want_ids = bool(b.get("return_token_ids"))
+    want_lp = bool(b.get("logprobs"))
+    as_ids = bool(b.get("return_tokens_as_token_ids"))
+    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
+    first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}],
+                 prompt_token_ids=call.prompt_ids if want_ids else None, prompt_text=None)
+    if b.get("return_prompt_text"):
+        first["prompt_text"] = call.prompt_text
+    yield _sse(first)
+    parser = new_stream_parser(call)
+    text, n, pending = "", 0, []
+    saw_tool = False
+    while True:
+        ev = await queue.get()
+        if ev.kind == "error":
+            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+            break
+        final = ev.kind == "done"
+        if ev.step is not None:
+            n += 1
+            text += ev.text
+            pending.append(ev.step)
+        deltas = parser.feed(text, final=final)
+        saw_tool = saw_tool or any("tool_call" in d for d in deltas)
+        if not deltas and not final and not want_ids:
+            continue  # vLLM skips empty deltas unless ids were asked for; logprobs ride the next chunk
+        choice = {"index": 0, "delta": _merge(deltas) if deltas else {},
+                  "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, False)} if want_lp else None,
+                  "finish_reason": None}
+        if final:
+            choice["finish_reason"] = "tool_calls" if saw_tool else ev.finish_reason
+            choice["stop_reason"] = ev.stop_reason
+        choice["token_ids"] = [s.token_id for s in pending] if want_ids else None
+        pending = []
+        if final and not deltas and not choice["token_ids"] and choice["logprobs"] is not None and not choice["logprobs"]["content"]:
+            choice["logprobs"] = None
+        yield _sse(dict(head, choices=[choice], kv_transfer_params=None))
+        if final:
+            break
+    if usage_on:
+        u = _usage(len(call.prompt_ids), n)
+        u.pop("prompt_tokens_details")
+        yield _sse(dict(head, choices=[], usage=u))
+    yield b"data: [DONE]\n\n"
+
+
+# -- /v1/completions ------------------------------------------------------------------------------
+def _legacy_logprobs(tokenizer, steps, as_ids: bool, offset0: int = 0) -> dict:
+    toks, lps, tops, offs = [], [], [], []
+    off = offset0
+    for st in steps:
+        t = logprob_token(tokenizer, st.token_id, as_ids)
+        toks.append(t)
+        lps.append(st.logprob)
+        tops.append({logprob_token(tokenizer, i, as_ids): lp for i, lp in st.top} if st.top else None)
+        offs.append(off)
+        off += len(tokenizer.decode([st.token_id]))
+    return {"text_offset": offs, "token_logprobs": lps, "tokens": toks, "top_logprobs": tops}
+
+
+def completion_full(call: Call, res: Result, tokenizer) -> dict:
+    b = call.body
+    want_ids = bool(b.get("return_token_ids"))
+    echo = bool(b.get("echo"))
+    lp = None
+    if b.get("logprobs") is not None and b.get("logprobs") is not False:
+        lp = _legacy_logprobs(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")))
+    text = (call.prompt_text + res.text) if echo else res.text
+    ids = (call.prompt_ids + res.ids) if echo else res.ids
+    choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": res.finish_reason,
+              "stop_reason": res.stop_reason, "token_ids": ids if want_ids else None, "prompt_logprobs": None,
+              "prompt_token_ids": call.prompt_ids if want_ids else None}
+    return {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name,
+            "choices": [choice], "service_tier": None, "system_fingerprint": None,
+            "usage": _usage(len(call.prompt_ids), len(res.steps)), "kv_transfer_params": None}
+
+
+async def completion_stream(call: Call, queue, tokenizer):
+    b = call.body
+    head = {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name}
+    want_ids = bool(b.get("return_token_ids"))
+    want_lp = b.get("logprobs") is not None and b.get("logprobs") is not False
+    as_ids = bool(b.get("return_tokens_as_token_ids"))
+    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
+    first = True
+    n = 0
+    offset = 0
+    while True:
+        ev = await queue.get()
+        if ev.kind == "error":
+            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+            break
+        final = ev.kind == "done"
+        steps = [ev.step] if ev.step is not None else []
+        n += len(steps)
+        choice = {"index": 0, "text": ev.text,
+                  "logprobs": _legacy_logprobs(tokenizer, steps, as_ids, offset) if want_lp and steps else None,
+                  "finish_reason": ev.finish_reason if final else None,
+                  "stop_reason": ev.stop_reason if final else None}
+        offset += len(ev.text)
+        if want_ids:
+            choice["token_ids"] = [s.token_id for s in steps]
+            if first:
+                choice["prompt_token_ids"] = call.prompt_ids
+        first = False
+        yield _sse(dict(head, choices=[choice]))
+        if final:
+            break
+    if usage_on:
+        yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(call.prompt_ids),
+                                                 "total_tokens": len(call.prompt_ids) + n, "completion_tokens": n}))
+    yield b"data: [DONE]\n\n"

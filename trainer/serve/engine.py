@@ -1,0 +1,155 @@
+"""Runs generation jobs one at a time on a worker thread and streams their tokens to asyncio.
+
+The aiohttp loop never touches torch: each request becomes a job on a single worker thread (so two
+requests never share a KV cache or interleave), and every produced token is handed back to the
+loop through `call_soon_threadsafe`, so streams flush token by token while the loop stays free.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .model import SamplingParams, ServedModel, TokenStep
+
+
+@dataclass
+class Event:
+    """One produced token (with the text it completes) or the end of the generation ("done",
+    which carries the last token, if any, in `step`/`text`)."""
+    kind: str                       # "token" | "done" | "error"
+    step: TokenStep | None = None
+    text: str = ""                  # detokenized text this token adds (may be "")
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    forced_ids: list[int] | None = None   # scripted mode: teacher-force these instead of sampling
+    delay: float = 0.0
+    include_stop_str: bool = False
+
+
+class Detok:
+    """vLLM-style incremental detokenizer: emits text only once it is complete UTF-8."""
+
+    def __init__(self, tokenizer, skip_special: bool = True):
+        self.tok, self.skip = tokenizer, skip_special
+        self.ids: list[int] = []
+        self.prefix = self.read = 0
+
+    def add(self, tid: int) -> str:
+        self.ids.append(tid)
+        prev = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
+        new = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
+        if len(new) > len(prev) and not new.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return new[len(prev):]
+        return ""
+
+
+class Engine:
+    def __init__(self, model: ServedModel):
+        self.model = model
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-serve-model")
+        self.busy = threading.Lock()
+
+    def run_sync(self, fn, *args):
+        """Run `fn(model, *args)` on the worker thread; await its result."""
+        return asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(self.model, *args))
+
+    def stream(self, job: Job) -> asyncio.Queue:
+        """Start `job`; its Events arrive on the returned queue, the last one of kind done/error."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def put(ev: Event) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+
+        def work() -> None:
+            try:
+                self._generate(job, put)
+            except BaseException as e:  # reported to the request, never kills the worker
+                put(Event("error", error=e))
+
+        self.pool.submit(work)
+        return q
+
+    def _generate(self, job: Job, put_event) -> None:
+        """Runs the job; the last token travels inside the "done" Event, like vLLM's final output
+        carries its last token together with the finish reason."""
+        held: list[Event] = []
+
+        def put(ev: Event) -> None:
+            if ev.kind == "token":
+                if held:
+                    put_event(held.pop())
+                held.append(ev)
+                return
+            if held:
+                last = held.pop()
+                ev.step, ev.text = last.step, last.text
+            put_event(ev)
+
+        self._run(job, put)
+
+    def _run(self, job: Job, put) -> None:
+        m = self.model
+        detok = Detok(m.tokenizer)
+        text = ""
+        if job.forced_ids is not None:
+            steps = m.teacher_force(job.prompt_ids, job.forced_ids, job.params)
+            per_tok = job.delay / max(len(steps), 1)
+            for st in steps:
+                if per_tok:
+                    time.sleep(per_tok)
+                piece = detok.add(st.token_id)
+                put(Event("token", st, piece))
+            last = steps[-1].token_id if steps else None
+            if last is not None and last in m.eos_ids:
+                put(Event("done", finish_reason="stop", stop_reason=None))
+            else:
+                put(Event("done", finish_reason="length"))
+            return
+        stops = [s for s in job.stop if s]
+        finish, reason = "length", None
+        for st in m.generate(job.prompt_ids, job.params):
+            piece = detok.add(st.token_id)
+            if st.token_id in m.eos_ids and not job.params.ignore_eos:
+                put(Event("token", st, piece))
+                finish = "stop"
+                break
+            if st.token_id in job.params.stop_token_ids:
+                put(Event("token", st, piece))
+                finish, reason = "stop", st.token_id
+                break
+            hit = _find_stop(text, piece, stops)
+            if hit is not None:
+                s, pos = hit
+                keep = (text + piece)[:pos + (len(s) if job.include_stop_str else 0)]
+                put(Event("token", st, keep[len(text):] if len(keep) > len(text) else ""))
+                finish, reason = "stop", s
+                break
+            text += piece
+            put(Event("token", st, piece))
+        put(Event("done", finish_reason=finish, stop_reason=reason))
+
+
+def _find_stop(text: str, piece: str, stops: list[str]):
+    if not stops or not piece:
+        return None
+    full = text + piece
+    best = None
+    for s in stops:
+        # Only matches that end in the new piece: earlier text was already checked.
+        pos = full.find(s, max(0, len(text) - len(s) + 1))
+        if pos != -1 and (best is None or pos < best[1]):
+            best = (s, pos)
+    return best

@@ -1,0 +1,370 @@
+"""The served causal LM: load from disk, prefill with a prefix-reusing KV cache, sample, teacher-force.
+
+Qwen3 (dense) is run by a small hand-written forward over the checkpoint's own weights instead of
+transformers' generic `generate`: the e2e suites replay ~20k-token harness prompts, and the generic
+path recomputes masks and concatenates caches on every step. The forward here keeps one
+preallocated KV buffer, only ever applies `lm_head` to the positions whose distribution is needed
+(never to the whole prompt), and reuses the cached prefix of the previous request, like vLLM's
+prefix caching. `tests/serve/test_model.py` checks it against transformers' own forward.
+
+Other architectures fall back to transformers' model with its cache (slower, same results).
+
+Logprobs are "processed" like vLLM's `--logprobs-mode processed_logprobs`: log-softmax of the logits
+after temperature and top-k/top-p masking (masked tokens get -inf, reported floored at -9999.0).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+LOGPROB_FLOOR = -9999.0
+_PREFILL_CHUNK = 1024
+# Extending a cached prefix by more than this many tokens is slower than recomputing from scratch.
+_RECOMPUTE_ABOVE = 4096
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass
+class TokenStep:
+    """One produced token: its id, processed logprob and the top-k alternatives (id, logprob)."""
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    var = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(var + eps))
+
+
+class KVCache:
+    """One sequence's keys/values for every layer, grown by doubling; `ids` are the cached tokens."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, cap: int = 1024):
+        self.k = [torch.empty(1, n_kv, cap, head_dim) for _ in range(n_layers)]
+        self.v = [torch.empty(1, n_kv, cap, head_dim) for _ in range(n_layers)]
+        self.ids: list[int] = []
+
+    def reserve(self, n: int) -> None:
+        cap = self.k[0].shape[2]
+        if n <= cap:
+            return
+        new = max(n, cap * 2)
+        for lst in (self.k, self.v):
+            for i, t in enumerate(lst):
+                grown = torch.empty(t.shape[0], t.shape[1], new, t.shape[3])
+                grown[:, :, :cap] = t
+                lst[i] = grown
+
+    def truncate(self, n: int) -> None:
+        del self.ids[n:]
+
+
+class Qwen3Runner:
+    """A minimal Qwen3 forward over a loaded transformers model's parameters (no copies)."""
+
+    def __init__(self, hf_model):
+        cfg = hf_model.config
+        self.cfg = cfg
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        base = hf_model.model
+        self.embed = base.embed_tokens.weight
+        self.norm = base.norm.weight
+        self.lm_head = hf_model.lm_head.weight
+        self.layers = base.layers
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        if rope.get("rope_type", "default") not in ("default", None):
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported by the fast Qwen3 path")
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.n_kv, self.head_dim)
+
+    def _rope(self, start: int, n: int):
+        pos = torch.arange(start, start + n, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    @staticmethod
+    def _rot(x, cos, sin):
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    def forward(self, cache: KVCache, new_ids: list[int], keep_last: int | None = None) -> torch.Tensor:
+        """Append `new_ids` to `cache`; return final-norm hidden states of the last `keep_last`
+        new positions (all when None) as [k, hidden].
+
+        From an empty cache the whole sequence goes through one causal SDPA call (the fast fused
+        path); extending a cached prefix needs an explicit mask, which SDPA runs much slower, so
+        that is done in chunks of `_PREFILL_CHUNK` tokens. The last layer only computes the rows
+        whose hidden state is wanted (its keys/values are still cached for every position), which
+        halves a cold prefill of the 2-layer tiny model.
+        """
+        keep = len(new_ids) if keep_last is None else min(keep_last, len(new_ids))
+        if not cache.ids:
+            return self._forward_chunk(cache, list(new_ids), keep)
+        outs = []
+        starts = list(range(0, len(new_ids), _PREFILL_CHUNK))
+        for s in starts:
+            chunk = new_ids[s:s + _PREFILL_CHUNK]
+            remaining_after = len(new_ids) - (s + len(chunk))
+            k = max(0, keep - remaining_after)
+            outs.append(self._forward_chunk(cache, chunk, min(k, len(chunk))))
+        outs = [o for o in outs if o.shape[0]]
+        return torch.cat(outs, 0) if len(outs) > 1 else (outs[0] if outs else torch.empty(0, self.embed.shape[1]))
+
+    def _forward_chunk(self, cache: KVCache, ids: list[int], keep: int) -> torch.Tensor:
+        start, n = len(cache.ids), len(ids)
+        end = start + n
+        cache.reserve(end)
+        x = F.embedding(torch.tensor([ids]), self.embed)
+        cos, sin = self._rope(start, n)
+        last = len(self.layers) - 1
+        for li, layer in enumerate(self.layers):
+            at = layer.self_attn
+            h = _rms(x, layer.input_layernorm.weight, self.eps)
+            k = F.linear(h, at.k_proj.weight, at.k_proj.bias).view(1, n, self.n_kv, self.head_dim)
+            v = F.linear(h, at.v_proj.weight, at.v_proj.bias).view(1, n, self.n_kv, self.head_dim)
+            k = self._rot(_rms(k, at.k_norm.weight, self.eps).transpose(1, 2), cos, sin)
+            cache.k[li][:, :, start:end] = k
+            cache.v[li][:, :, start:end] = v.transpose(1, 2)
+            rows = keep if li == last else n  # queries whose output is still needed
+            if rows == 0:
+                break
+            if rows < n:
+                x, h = x[:, n - rows:], h[:, n - rows:]
+            q = F.linear(h, at.q_proj.weight, at.q_proj.bias).view(1, rows, self.n_heads, self.head_dim)
+            q = self._rot(_rms(q, at.q_norm.weight, self.eps).transpose(1, 2), cos[:, :, n - rows:], sin[:, :, n - rows:])
+            kk, vv = cache.k[li][:, :, :end], cache.v[li][:, :, :end]
+            causal, mask = False, None
+            if rows > 1:
+                if rows == end:
+                    causal = True
+                else:
+                    # Query i (absolute end-rows+i) sees keys 0..end-rows+i.
+                    mask = torch.ones(rows, end, dtype=torch.bool).tril(diagonal=end - rows)
+            a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal,
+                                               enable_gqa=self.n_kv != self.n_heads,
+                                               scale=1.0 / math.sqrt(self.head_dim))
+            a = a.transpose(1, 2).reshape(1, rows, self.n_heads * self.head_dim)
+            x = x + F.linear(a, at.o_proj.weight, at.o_proj.bias)
+            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+            mlp = layer.mlp
+            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                             mlp.down_proj.weight)
+        cache.ids.extend(ids)
+        if keep == 0:
+            return torch.empty(0, self.embed.shape[1])
+        return _rms(x, self.norm, self.eps)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+
+class HFRunner:
+    """Fallback for non-Qwen3 checkpoints: transformers' base model + its cache (no prefix reuse)."""
+
+    def __init__(self, hf_model):
+        self.model = hf_model
+
+    def new_cache(self):
+        c = KVCache(0, 0, 0)
+        c.hf = None
+        return c
+
+    def forward(self, cache, new_ids, keep_last=None):
+        if not new_ids:
+            raise ValueError("empty forward")
+        out = self.model.model(input_ids=torch.tensor([new_ids]), past_key_values=cache.hf, use_cache=True)
+        cache.hf = out.past_key_values
+        cache.ids.extend(new_ids)
+        h = out.last_hidden_state[0]
+        return h if keep_last is None else h[len(h) - keep_last:]
+
+    def logits(self, hidden):
+        return self.model.lm_head(hidden)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: prompts share long prefixes and Python loops over 20k ints add up.
+    step = 256
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Logits after temperature, top-k, top-p and min-p (masked entries -inf), as vLLM samples them."""
+    x = logits.float()
+    if p.temperature > 1e-5:
+        x = x / p.temperature
+    if p.top_k is not None and 0 < p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p is not None and p.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        probs = sorted_x.softmax(-1)
+        cum = probs.cumsum(-1)
+        drop = (cum - probs) > p.top_p
+        drop[..., 0] = False
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
+    if p.min_p and p.min_p > 0:
+        probs = x.softmax(-1)
+        x = x.masked_fill(probs < p.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
+    return x
+
+
+def _step(lp_row: torch.Tensor, tok: int, k: int) -> TokenStep:
+    lp = max(float(lp_row[tok]), LOGPROB_FLOOR)
+    top = []
+    if k > 0:
+        vals, idx = torch.topk(lp_row, k)
+        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(vals.tolist(), idx.tolist())]
+    return TokenStep(tok, lp, top)
+
+
+class ServedModel:
+    """Tokenizer + weights + a small pool of prefix caches. Not thread-safe: callers hold `lock`."""
+
+    POOL = 4
+
+    def __init__(self, model_dir: str | Path):
+        self.lock = threading.Lock()
+        self.weight_version = 0
+        self.load(model_dir)
+
+    def load(self, model_dir: str | Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        d = Path(model_dir)
+        if not (d / "config.json").is_file():
+            raise FileNotFoundError(f"{d} has no config.json: not a Hugging Face model directory")
+        tok = AutoTokenizer.from_pretrained(str(d))
+        hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+        self.model_dir = d
+        self.tokenizer = tok
+        self.hf = hf
+        self.runner = Qwen3Runner(hf) if hf.config.model_type == "qwen3" else HFRunner(hf)
+        self.caches: list[KVCache] = []
+        self.eos_ids = self._eos_ids(d, hf)
+        self.gen_defaults = self._gen_defaults(d)
+        self.max_len = int(getattr(hf.config, "max_position_embeddings", 32768))
+        self.weight_version += 1
+
+    @staticmethod
+    def _gen_defaults(d: Path) -> dict:
+        """Sampling defaults of generation_config.json (both servers apply them to unset fields)."""
+        import json
+
+        f = d / "generation_config.json"
+        if not f.is_file():
+            return {}
+        cfg = json.loads(f.read_text())
+        return {k: cfg[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in cfg}
+
+    @staticmethod
+    def _eos_ids(d: Path, hf) -> tuple[int, ...]:
+        ids = []
+        for src in (getattr(hf, "generation_config", None), hf.config):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            for x in (e if isinstance(e, (list, tuple)) else [e]):
+                if isinstance(x, int) and x not in ids:
+                    ids.append(x)
+        return tuple(ids)
+
+    # -- cache pool --------------------------------------------------------------------------
+    def _cache_for(self, ids: list[int]) -> KVCache:
+        """The pooled cache sharing the longest prefix with `ids`, truncated to that prefix."""
+        best, best_n = None, -1
+        for c in self.caches:
+            n = _common_prefix(c.ids, ids)
+            if n > best_n:
+                best, best_n = c, n
+        if isinstance(self.runner, HFRunner) or best is None or best_n == 0:
+            best = self.runner.new_cache()
+            best_n = 0
+            self.caches.append(best)
+        # At least the last prompt token must be recomputed to get its hidden state.
+        best_n = min(best_n, len(ids) - 1)
+        if len(ids) - best_n > _RECOMPUTE_ABOVE:
+            best_n = 0
+        best.truncate(best_n)
+        self.caches.remove(best)
+        self.caches.append(best)  # most recently used last
+        while len(self.caches) > self.POOL:
+            self.caches.pop(0)
+        return best
+
+    def _prefill(self, ids: list[int]) -> tuple[KVCache, torch.Tensor]:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        cache = self._cache_for(ids)
+        hidden = self.runner.forward(cache, ids[len(cache.ids):], keep_last=1)
+        return cache, hidden
+
+    # -- generation -----------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], p: SamplingParams):
+        """Yield TokenSteps for sampled tokens; stops at EOS/stop ids (yielded) or max_tokens."""
+        with torch.inference_mode():
+            cache, hidden = self._prefill(prompt_ids)
+            gen = torch.Generator()
+            if p.seed is not None:
+                gen.manual_seed(p.seed)
+            else:
+                gen.seed()
+            h = hidden[-1:]
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
+            for i in range(p.max_tokens):
+                logits = self.runner.logits(h)[0]
+                x = process_logits(logits, p)
+                if p.temperature <= 1e-5:
+                    tok = int(torch.argmax(x))
+                else:
+                    tok = int(torch.multinomial(x.softmax(-1), 1, generator=gen))
+                lp_row = torch.log_softmax(x, -1)
+                yield _step(lp_row, tok, p.top_logprobs)
+                if tok in stops or i == p.max_tokens - 1:
+                    return
+                h = self.runner.forward(cache, [tok], keep_last=1)
+
+    def teacher_force(self, prompt_ids: list[int], forced: list[int], p: SamplingParams) -> list[TokenStep]:
+        """Processed logprobs of `forced` continuing `prompt_ids` (one forward, lm_head only there)."""
+        if not forced:
+            return []
+        with torch.inference_mode():
+            cache, hidden = self._prefill(prompt_ids)
+            h_last = hidden[-1:]
+            rest = self.runner.forward(cache, forced[:-1]) if len(forced) > 1 else hidden[:0]
+            hs = torch.cat([h_last, rest], 0)
+            steps = []
+            for row, tok in zip(self.runner.logits(hs), forced):
+                lp_row = torch.log_softmax(process_logits(row, p), -1)
+                steps.append(_step(lp_row, tok, p.top_logprobs))
+            return steps

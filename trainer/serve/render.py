@@ -1,0 +1,180 @@
+"""Chat-template rendering exactly as vLLM 0.33 and SGLang 0.5.23 prepare a request for the template.
+
+Sources followed (read through the code index; see wire-formats.md for the byte-exact findings):
+- vLLM `entrypoints/chat_utils.py` (`_parse_chat_message_content`, `_postprocess_messages`) and
+  `chat_completion/protocol.py` (`ChatCompletionToolsParam`, `FunctionDefinition`): text content parts
+  are joined with "\\n" for a "string"-format template such as Qwen3's; assistant tool-call
+  `arguments` strings are json-decoded into dicts (the template then re-serializes them with
+  `tojson`); a `reasoning` / `reasoning_content` on an assistant message is passed as both names;
+  tools are `tool.model_dump()` = {"type", "function": {"name", "description" (null kept),
+  "parameters", <extra keys>}} and stay in the prompt even with `tool_choice: "none"`.
+- SGLang `srt/entrypoints/openai/serving_chat.py` (`_apply_jinja_template`) and `protocol.py`
+  (`Function`): text parts are joined with " "; arguments are json-decoded too; tools are
+  `item.function.model_dump()` = {"description", "name", "parameters", "strict", "defer_loading"}
+  (0.5.23 keeps `defer_loading: null`), and they leave the prompt when `tool_choice` is "none".
+The template itself is the tokenizer's own (`tokenizer.apply_chat_template`), never re-implemented.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+DIALECTS = ("vllm", "sglang")
+
+
+class RequestError(ValueError):
+    """A client error: answered with HTTP 400 (or `status`) and the message, never a crash."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+
+
+def _join_parts(content: Any, sep: str, where: str) -> Any:
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string, a list of content parts or null")
+    texts = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict) or "type" not in part:
+            raise RequestError(f"{where}.content[{i}] must be an object with a 'type'")
+        if part["type"] in ("text", "input_text", "output_text"):
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content[{i}].text must be a string")
+            texts.append(part["text"])
+        elif part["type"] in ("image_url", "input_image", "audio_url", "video_url", "input_audio"):
+            raise RequestError(f"{where}.content[{i}]: the served model is text-only ({part['type']!r} given)")
+    return sep.join(texts)
+
+
+def _decode_arguments(tool_calls: Any, where: str) -> list:
+    if not isinstance(tool_calls, list):
+        raise RequestError(f"{where}.tool_calls must be a list")
+    out = copy.deepcopy(tool_calls)
+    for j, tc in enumerate(out):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{where}.tool_calls[{j}].function.name is required")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = json.loads(args)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"{where}.tool_calls[{j}].function.arguments is not valid JSON: {e}") from None
+    return out
+
+
+def template_messages(messages: Any, dialect: str) -> list[dict]:
+    """The message dicts each server hands to the chat template."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list")
+    sep = "\n" if dialect == "vllm" else " "
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object")
+        role = m.get("role")
+        if role not in ("system", "user", "assistant", "tool", "developer", "function"):
+            raise RequestError(f"{where}.role must be one of system/user/assistant/tool/developer (got {role!r})")
+        if role == "user" and "content" not in m:
+            raise RequestError(f"{where}.content is required for a user message")
+        msg: dict[str, Any] = {"role": role}
+        content = _join_parts(m.get("content"), sep, where)
+        msg["content"] = "" if content is None and dialect == "sglang" else content
+        if m.get("tool_calls") is not None and role == "assistant":
+            msg["tool_calls"] = _decode_arguments(m["tool_calls"], where)
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                msg[key] = m[key]
+        reasoning = m.get("reasoning_content", m.get("reasoning"))
+        if role == "assistant" and reasoning is not None:
+            msg["reasoning_content"] = reasoning
+            if dialect == "vllm":
+                msg["reasoning"] = reasoning
+        out.append(msg)
+    return out
+
+
+def _check_tools(tools: Any) -> list[dict]:
+    if not isinstance(tools, list):
+        raise RequestError("'tools' must be a list")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"tools[{i}].function.name is required")
+        if t.get("type", "function") != "function":
+            raise RequestError(f"tools[{i}].type must be 'function'")
+    return tools
+
+
+def template_tools(tools: Any, tool_choice: Any, dialect: str) -> list[dict] | None:
+    """The tool dicts each server passes as `tools=` to the chat template (None = no tools)."""
+    if tools is None:
+        return None
+    tools = _check_tools(tools)
+    if dialect == "vllm":
+        out = []
+        for t in tools:
+            fn = t["function"]
+            f = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+            f.update({k: v for k, v in fn.items() if k not in f})  # extra="allow" keeps unknown keys
+            d = {"type": "function", "function": f}
+            if t.get("defer_loading") is not None:
+                d["defer_loading"] = t["defer_loading"]
+            out.append(d)
+        return out or None
+    if tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t["function"]["name"] == wanted]
+    out = []
+    for t in tools:
+        fn = t["function"]
+        defer = fn.get("defer_loading", t.get("defer_loading"))
+        out.append({"description": fn.get("description"), "name": fn["name"], "parameters": fn.get("parameters"),
+                    "strict": bool(fn.get("strict", False)), "defer_loading": defer})
+    return out or None
+
+
+def template_kwargs(body: dict) -> dict:
+    """add_generation_prompt / continue_final_message / chat_template_kwargs of a chat request."""
+    kw = body.get("chat_template_kwargs") or {}
+    if not isinstance(kw, dict):
+        raise RequestError("'chat_template_kwargs' must be an object")
+    cont = bool(body.get("continue_final_message", False))
+    agp = body.get("add_generation_prompt", not cont)
+    if cont and agp:
+        raise RequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    effort = body.get("reasoning_effort")
+    kw = dict(kw)
+    if effort == "none":
+        kw.setdefault("enable_thinking", False)
+    return {"add_generation_prompt": bool(agp), "continue_final_message": cont, **kw}
+
+
+def render_chat(tokenizer, body: dict, dialect: str) -> tuple[str, list[int]]:
+    """Rendered prompt text and its token ids for a chat request, as `dialect` renders it."""
+    msgs = template_messages(body.get("messages"), dialect)
+    tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), dialect)
+    kw = template_kwargs(body)
+    try:
+        text = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
+    except Exception as e:  # template errors (e.g. continue_final_message on a non-assistant turn)
+        raise RequestError(f"chat template failed: {e}") from None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return text, ids
+
+
+def thinking_enabled(body: dict) -> bool:
+    kw = body.get("chat_template_kwargs") or {}
+    if body.get("reasoning_effort") == "none":
+        return bool(kw.get("enable_thinking", False))
+    return bool(kw.get("enable_thinking", True)) if isinstance(kw, dict) else True

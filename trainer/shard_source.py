@@ -1,0 +1,345 @@
+"""Tail a shard directory for complete GRPO groups, in landing order, with a resumable cursor.
+
+The shard contract (polar-recon writes, the trainer reads): ``OUT/shard-NNNNNN.parquet``, NNNNNN a
+zero-padded sequence number given in landing order, each file written under a temporary name and
+renamed when complete, one row per training sequence (segment). Anything that does not match
+``shard-<digits>.parquet`` exactly (``.shard-000001.parquet.tmp``, editor files) is ignored.
+
+OUT may be a local directory or any filesystem URI: pyarrow's own (``file://``, ``s3://``,
+``gs://``, ``hdfs://``) or, failing that, any fsspec protocol (``memory://``, ...) wrapped with
+pyarrow's FSSpecHandler.
+
+Order: each poll lists the directory and queues the shards it has not seen, by sequence number;
+a shard discovered by a later poll comes after every shard found earlier. Within a shard, groups
+come in the order their ``group_id`` first appears.
+
+Cursor (what a checkpoint stores): the shards fully handed out, the shard being handed out and
+how many of its groups were handed out. Handed out = returned by ``take``/``next_group`` or
+dropped by a filter: the trainer pulls groups only when it starts a generation batch, so at a
+checkpoint every handed-out group has been trained (see grpo.py for the save_steps check).
+Restoring the cursor re-queues every other shard, so a restart neither repeats nor skips a group.
+
+Weight versions: polar-serve names its weights with a reload counter, an integer sent as a
+string ("1" for the weights it started with, +1 per ``/polar/reload``). Versions compare as those
+integers. A group's version is the OLDEST of its rows' versions (each row already carries the
+oldest version among its calls). The lag of a group is ``current - version``, where current is
+the newest version known: the one the last weight sync returned (``set_current_version``) or the
+newest seen in the data, whichever is larger. With ``max_policy_lag`` set, groups whose lag
+exceeds it are dropped, and so are groups with an unknown version (a null or non-integer
+``weight_version`` on any row): their staleness cannot be bounded. Every drop is counted by
+reason and logged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+SHARD_RE = re.compile(r"^shard-(\d+)\.parquet$")
+CURSOR_FILE = "polar_shard_cursor.json"
+
+# The columns the trainer needs; the full contract has more (strategy, n_realign, model, ...).
+REQUIRED_COLUMNS = (
+    "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
+)
+OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy")
+
+
+class ShardFormatError(ValueError):
+    """A shard that breaks the shard contract; the message names the shard, row and field."""
+
+
+class NoShardsError(TimeoutError):
+    """No complete group arrived within the wait timeout."""
+
+
+def shard_seq(name: str) -> int | None:
+    """Sequence number of a shard file name, None for anything else (temporary names included)."""
+    m = SHARD_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_version(v: Any) -> int | None:
+    """polar-serve weight versions are reload counters sent as strings; None when unknown."""
+    if v is None:
+        return None
+    s = str(v).strip()
+    return int(s) if s.isdigit() else None
+
+
+@dataclass
+class ShardCursor:
+    consumed: list[str] = field(default_factory=list)  # shards whose groups were all handed out
+    current: str | None = None  # shard being handed out
+    group_offset: int = 0  # groups of `current` handed out
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "ShardCursor":
+        d = json.loads(text)
+        if not isinstance(d, dict) or not isinstance(d.get("consumed"), list):
+            raise ValueError(f"not a shard cursor: {text[:200]!r}")
+        return cls(consumed=[str(x) for x in d["consumed"]], current=d.get("current"),
+                   group_offset=int(d.get("group_offset", 0)))
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CURSOR_FILE
+        tmp = path.with_name("." + CURSOR_FILE + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ShardCursor":
+        path = Path(directory) / CURSOR_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: the checkpoint has no shard cursor")
+        return cls.from_json(path.read_text())
+
+
+@dataclass
+class Group:
+    """One GRPO group: every row (segment) of every episode of one task, as read from a shard."""
+    group_id: str
+    rows: list[dict]
+    shard: str
+    index: int  # position among the groups of its shard
+    landed_at: float  # when the source first saw the shard (time.time())
+
+    @property
+    def version(self) -> int | None:
+        vs = [parse_version(r.get("weight_version")) for r in self.rows]
+        return None if any(v is None for v in vs) else min(vs)
+
+    @property
+    def episodes(self) -> list[str]:
+        return list(dict.fromkeys(r["episode_id"] for r in self.rows))
+
+    @property
+    def complete(self) -> bool:
+        return all(r.get("group_complete", True) is not False for r in self.rows)
+
+
+def check_row(row: dict, where: str) -> None:
+    """The per-row invariants of the contract; a violation is a recon bug, so fail loudly."""
+    n = len(row["input_ids"])
+    for col in ("loss_mask", "logprobs"):
+        if len(row[col]) != n:
+            raise ShardFormatError(f"{where}: {col} has {len(row[col])} entries, input_ids has {n}")
+    p = row["prompt_len"]
+    if not (0 <= p < n):
+        raise ShardFormatError(f"{where}: prompt_len {p} outside [0, {n}) (no trainable token?)")
+    mask = row["loss_mask"]
+    if mask[p] != 1 or any(mask[:p]):
+        raise ShardFormatError(f"{where}: prompt_len {p} is not the index of the first loss_mask=1 token")
+    if any(m not in (0, 1) for m in mask):
+        raise ShardFormatError(f"{where}: loss_mask holds values other than 0/1")
+
+
+def table_groups(table: pa.Table, shard: str, landed_at: float) -> list[Group]:
+    """Split one shard's rows into groups, in order of first appearance of each group_id."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ShardFormatError(f"{shard}: missing columns {missing} (has {table.column_names})")
+    cols = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in table.column_names]
+    data = {c: table.column(c).to_pylist() for c in cols}
+    groups: dict[str, list[dict]] = {}
+    for i in range(table.num_rows):
+        row = {c: data[c][i] for c in cols}
+        if row["group_id"] is None or row["episode_id"] is None:
+            raise ShardFormatError(f"{shard} row {i}: null group_id/episode_id")
+        check_row(row, f"{shard} row {i} (episode {row['episode_id']})")
+        groups.setdefault(row["group_id"], []).append(row)
+    return [Group(gid, rows, shard, k, landed_at) for k, (gid, rows) in enumerate(groups.items())]
+
+
+def resolve_filesystem(location: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path) for a local path, a pyarrow URI or an fsspec URI."""
+    if filesystem is not None:
+        return filesystem, location
+    if "://" not in location:
+        return pafs.LocalFileSystem(), str(Path(location).resolve())
+    try:
+        return pafs.FileSystem.from_uri(location)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        pass
+    import fsspec  # a dependency of datasets; only needed for protocols pyarrow lacks
+
+    fs, path = fsspec.core.url_to_fs(location)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+@dataclass
+class SourceStats:
+    load_seconds: float = 0.0  # listing + reading + splitting shards
+    wait_seconds: float = 0.0  # blocked because no group was available
+    shards_read: int = 0
+    groups_out: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+
+class ShardSource:
+    """Yields complete groups from shards as they land. Not thread-safe: one consumer."""
+
+    def __init__(self, location: str, *, filesystem: pafs.FileSystem | None = None, poll_interval: float = 1.0,
+                 max_policy_lag: int | None = None, drop_incomplete: bool = False,
+                 cursor: ShardCursor | None = None):
+        if max_policy_lag is not None and max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
+        self.fs, self.path = resolve_filesystem(location, filesystem)
+        self.location = location
+        self.poll_interval = poll_interval
+        self.max_policy_lag = max_policy_lag
+        self.drop_incomplete = drop_incomplete
+        self.stats = SourceStats()
+        self._synced_version: int | None = None
+        self._seen_version: int | None = None
+        self.restore(cursor or ShardCursor())
+
+    # -- cursor ---------------------------------------------------------------------------------
+    def restore(self, cursor: ShardCursor) -> None:
+        self._consumed = list(cursor.consumed)
+        self._consumed_set = set(self._consumed)
+        self._queued: deque[tuple[str, float]] = deque()
+        self._known = set(self._consumed_set)
+        self._current: str | None = None
+        self._groups: list[Group] = []
+        self._offset = 0
+        # The partly handed-out shard goes first, and resumes after its handed-out groups.
+        self._resume = (cursor.current, cursor.group_offset) if cursor.current else None
+        if cursor.current:
+            self._queued.append((cursor.current, time.time()))
+            self._known.add(cursor.current)
+
+    @property
+    def cursor(self) -> ShardCursor:
+        return ShardCursor(list(self._consumed), self._current, self._offset if self._current else 0)
+
+    # -- versions -------------------------------------------------------------------------------
+    def set_current_version(self, version: int | str | None) -> None:
+        v = parse_version(version)
+        if v is not None:
+            self._synced_version = v
+
+    @property
+    def current_version(self) -> int | None:
+        vs = [v for v in (self._synced_version, self._seen_version) if v is not None]
+        return max(vs) if vs else None
+
+    def drop_reason(self, group: Group) -> tuple[str, str] | None:
+        """(category, detail) when the group must be dropped, else None."""
+        if self.drop_incomplete and not group.complete:
+            return "incomplete", "group timed out in recon (group_complete=false)"
+        if self.max_policy_lag is None:
+            return None
+        v, cur = group.version, self.current_version
+        if v is None:
+            return "unknown_version", "a row has a null or non-integer weight_version"
+        if cur is not None and cur - v > self.max_policy_lag:
+            return "policy_lag", f"weight_version {v} is {cur - v} behind {cur} > max_policy_lag {self.max_policy_lag}"
+        return None
+
+    # -- reading --------------------------------------------------------------------------------
+    def poll(self) -> int:
+        """List the directory once and queue new shards; return how many were queued."""
+        t0 = time.perf_counter()
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        finally:
+            self.stats.load_seconds += time.perf_counter() - t0
+        now = time.time()
+        new = [(seq, i.base_name) for i in infos if i.type == pafs.FileType.File
+               and (seq := shard_seq(i.base_name)) is not None and i.base_name not in self._known]
+        for _, name in sorted(new):
+            self._queued.append((name, now))
+            self._known.add(name)
+        return len(new)
+
+    def _read(self, name: str, landed_at: float) -> list[Group]:
+        t0 = time.perf_counter()
+        try:
+            table = pq.read_table(f"{self.path.rstrip('/')}/{name}", filesystem=self.fs)
+            groups = table_groups(table, name, landed_at)
+        finally:
+            self.stats.load_seconds += time.perf_counter() - t0
+        self.stats.shards_read += 1
+        for g in groups:
+            for r in g.rows:
+                v = parse_version(r.get("weight_version"))
+                if v is not None and (self._seen_version is None or v > self._seen_version):
+                    self._seen_version = v
+        return groups
+
+    def _finish_if_exhausted(self) -> None:
+        # Eagerly, so a cursor saved right after the last group of a shard names it consumed.
+        if self._current is not None and self._offset >= len(self._groups):
+            self._consumed.append(self._current)
+            self._consumed_set.add(self._current)
+            self._current, self._groups, self._offset = None, [], 0
+
+    def _advance(self) -> bool:
+        """Make a group available at self._groups[self._offset]; False if none is queued."""
+        while self._current is None or self._offset >= len(self._groups):
+            self._finish_if_exhausted()
+            if not self._queued:
+                return False
+            name, landed = self._queued.popleft()
+            self._groups = self._read(name, landed)
+            self._current, self._offset = name, 0
+            if self._resume and self._resume[0] == name:
+                self._offset = min(self._resume[1], len(self._groups))
+                self._resume = None
+        return True
+
+    def try_next(self) -> Group | None:
+        """The next group that passes the filters, without waiting; None if none is available now."""
+        while True:
+            if not self._advance():
+                self.poll()
+                if not self._advance():
+                    return None
+            g = self._groups[self._offset]
+            self._offset += 1
+            self._finish_if_exhausted()
+            reason = self.drop_reason(g)
+            if reason is None:
+                self.stats.groups_out += 1
+                return g
+            self.stats.dropped[reason[0]] += 1
+            log.warning("dropping group %s of %s: %s", g.group_id, g.shard, reason[1])
+
+    def next_group(self, timeout: float | None = None) -> Group:
+        """Block until a group is available (polling every poll_interval) or raise NoShardsError."""
+        t0 = time.monotonic()
+        while True:
+            g = self.try_next()
+            if g is not None:
+                self.stats.wait_seconds += time.monotonic() - t0
+                return g
+            waited = time.monotonic() - t0
+            if timeout is not None and waited >= timeout:
+                self.stats.wait_seconds += waited
+                raise NoShardsError(
+                    f"no complete group in {self.location!r} after {waited:.1f}s "
+                    f"({self.stats.shards_read} shards read, cursor {self.cursor})")
+            time.sleep(self.poll_interval if timeout is None else min(self.poll_interval, timeout - waited))
+
+    def take(self, n: int, timeout: float | None = None) -> list[Group]:
+        return [self.next_group(timeout) for _ in range(n)]
+
+    def __iter__(self) -> Iterator[Group]:
+        while True:
+            yield self.next_group()

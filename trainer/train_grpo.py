@@ -1,0 +1,64 @@
+"""Train with GRPO on Polar shards as they land.
+
+    python trainer/train_grpo.py --shards OUT --model DIR --output_dir CKPT --max_steps 100 \
+        [--num_generations 4 --per_device_train_batch_size 8 --learning_rate 1e-6 --temperature 1.0] \
+        [--vllm_importance_sampling_mode sequence_mask --vllm_importance_sampling_clip_max 3.0] \
+        [--max_policy_lag 2 --group_size_policy pad] \
+        [--sync_server http://127.0.0.1:8000 --sync_steps 1 --sync_mode polar] [--resume] [--config FILE.yaml]
+
+Every GRPOConfig / TrainingArguments flag works (TrlParser, YAML via --config). Set --temperature to the
+sampling temperature of the server, or the importance ratios compare different distributions.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@dataclass
+class ScriptArguments:
+    model: str = field(default=None, metadata={"help": "Hugging Face model directory of the policy."})
+    resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in --output_dir "
+                                                           "(weights, optimizer and the shard cursor)."})
+    torch_threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (CPU runs)."})
+
+
+def build(script, cfg):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.grpo import PolarGRPOTrainer
+
+    if not script.model:
+        raise SystemExit("--model DIR is required")
+    if not cfg.shards:
+        raise SystemExit("--shards OUT is required (a directory or filesystem URI that polar-recon writes)")
+    if script.torch_threads:
+        torch.set_num_threads(script.torch_threads)
+    model = AutoModelForCausalLM.from_pretrained(script.model, dtype=torch.float32 if cfg.use_cpu else "auto")
+    tokenizer = AutoTokenizer.from_pretrained(script.model)
+    return PolarGRPOTrainer(model=model, args=cfg, processing_class=tokenizer)
+
+
+def main(argv: list[str] | None = None):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented hook we use
+    from trl import TrlParser
+
+    from trainer.grpo import PolarGRPOConfig
+
+    script, cfg = TrlParser((ScriptArguments, PolarGRPOConfig)).parse_args_and_config(args=argv)
+    trainer = build(script, cfg)
+    trainer.train(resume_from_checkpoint=True if script.resume else None)
+    trainer.save_model(cfg.output_dir)
+    # The final cursor next to the final model, so a new run can start where this one stopped.
+    trainer.shard_source.cursor.save(cfg.output_dir)
+    return trainer
+
+
+if __name__ == "__main__":
+    main()

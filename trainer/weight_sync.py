@@ -1,0 +1,144 @@
+"""Push the policy to the inference server every N optimizer steps (a TrainerCallback).
+
+Two targets:
+- ``polar``: save the full model + tokenizer to ``SYNC_DIR/step-NNNNNN`` and
+  ``POST {server}/polar/reload {"model": DIR}``; polar-serve answers ``{"weight_version": "<n>", ...}``
+  (its reload counter, an integer as a string). The version goes to the ShardSource, which bounds
+  staleness with it (see shard_source.py).
+- ``vllm_lora``: save the PEFT adapter to ``SYNC_DIR/step-NNNNNN`` and
+  ``POST {server}/v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR, "load_inplace": true}``
+  (vLLM answers plain text; ``load_inplace`` replaces the adapter under the same name so the harness
+  keeps calling one model name). vLLM must run with ``--enable-lora`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. vLLM has no weight version for adapters; the callback
+  counts syncs itself and reports that count.
+
+Directories are written under a temporary name and renamed, so the server never reads a half-written
+model; the newest ``keep`` directories stay (the server may still be reading the previous one).
+A failed request is retried, then raises WeightSyncError: training on while the server serves stale
+weights would silently turn on-policy RL into off-policy RL. The API key, if any, is sent as a bearer
+token and never logged.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+def post_json(url: str, body: dict, *, timeout: float = 120.0, api_key: str | None = None,
+              retries: int = 2, backoff: float = 1.0) -> tuple[int, bytes]:
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    last = ""
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:  # the server answered: do not retry a refusal
+            raise WeightSyncError(f"POST {url} -> HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            last = str(getattr(e, "reason", e))
+            if attempt < retries:
+                time.sleep(backoff * (2 ** attempt))
+    raise WeightSyncError(f"POST {url} failed after {retries + 1} tries: {last}")
+
+
+def parse_reload_response(body: bytes) -> str:
+    try:
+        d = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise WeightSyncError(f"/polar/reload answered non-JSON: {body[:200]!r}") from None
+    v = d.get("weight_version") if isinstance(d, dict) else None
+    if v is None:
+        raise WeightSyncError(f"/polar/reload answer has no weight_version: {d!r}"[:500])
+    return str(v)
+
+
+def save_policy(model, tokenizer, out: Path) -> Path:
+    """Write model (or PEFT adapter) + tokenizer to `out` atomically (temp dir, then rename)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return out
+
+
+class WeightSyncCallback(TrainerCallback):
+    def __init__(self, server: str, *, every_steps: int = 1, save_dir: str | Path, mode: str = "polar",
+                 lora_name: str = "polar", keep: int = 2, source=None, api_key: str | None = None,
+                 timeout: float = 120.0):
+        if mode not in ("polar", "vllm_lora"):
+            raise ValueError(f"weight sync mode {mode!r} not in ('polar', 'vllm_lora')")
+        if every_steps < 1 or keep < 1:
+            raise ValueError("every_steps and keep must be >= 1")
+        self.server = server.rstrip("/")
+        self.every = every_steps
+        self.save_dir = Path(save_dir)
+        self.mode = mode
+        self.lora_name = lora_name
+        self.keep = keep
+        self.source = source
+        self.api_key = api_key
+        self.timeout = timeout
+        self.syncs: list[dict] = []  # {step, dir, weight_version, seconds}
+
+    @classmethod
+    def from_config(cls, args, source=None) -> "WeightSyncCallback":
+        import os
+
+        return cls(args.sync_server, every_steps=args.sync_steps, mode=args.sync_mode, lora_name=args.lora_name,
+                   keep=args.sync_keep, source=source, api_key=os.environ.get("POLAR_SYNC_API_KEY"),
+                   save_dir=args.sync_dir or Path(args.output_dir) / "polar-weights")
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if state.global_step % self.every == 0 and state.is_world_process_zero:
+            self.sync(model, processing_class, state.global_step)
+
+    def sync(self, model, tokenizer, step: int) -> str | None:
+        t0 = time.perf_counter()
+        is_peft = hasattr(model, "peft_config")
+        if self.mode == "vllm_lora" and not is_peft:
+            raise WeightSyncError("sync_mode=vllm_lora needs a PEFT (LoRA) model; this one is a full model")
+        out = save_policy(model, tokenizer, self.save_dir / f"step-{step:06d}")
+        if self.mode == "polar":
+            if is_peft:  # polar-serve loads plain HF directories: merge the adapter into a copy
+                raise WeightSyncError("sync_mode=polar with a PEFT model: merge the adapter first or use vllm_lora")
+            _, body = post_json(f"{self.server}/polar/reload", {"model": str(out)}, timeout=self.timeout,
+                                api_key=self.api_key)
+            version = parse_reload_response(body)
+        else:
+            post_json(f"{self.server}/v1/load_lora_adapter",
+                      {"lora_name": self.lora_name, "lora_path": str(out), "load_inplace": True},
+                      timeout=self.timeout, api_key=self.api_key)
+            version = str(len(self.syncs) + 1)
+        if self.source is not None:
+            self.source.set_current_version(version)
+        self.syncs.append({"step": step, "dir": str(out), "weight_version": version,
+                           "seconds": time.perf_counter() - t0})
+        log.info("weights of step %d synced to %s: weight_version %s", step, self.server, version)
+        self._prune(keep_also=out)
+        return version
+
+    def _prune(self, keep_also: Path) -> None:
+        dirs = sorted(p for p in self.save_dir.glob("step-*") if p.is_dir())
+        for old in dirs[:-self.keep]:
+            if old != keep_also:
+                shutil.rmtree(old, ignore_errors=True)
