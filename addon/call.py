@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import orjson
 
 from . import chat, completions
-from .capture import CallCapture, dumps_like_python
+from .capture import CallCapture, dumps_like, dumps_like_python
 from .dialects import Plan, plan_request, strip_response
 from .redact import SECRET_KEYS, redact_json
 from .stream import StreamFilter, TranslatedStream
@@ -149,7 +149,7 @@ def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
         return out
     changed = strip_response(call.plan, obj)
     if changed:
-        out = dumps_like_python(obj)
+        out = dumps_like(body)(obj)
         call.response_text = out.decode()
         return out
     call.response_text = body.decode("utf-8", "replace")

@@ -7,6 +7,7 @@ is dropped when the flow ends (a finished flow's buffers must not wait for the c
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,6 +21,30 @@ def dumps_like_python(obj: Any) -> bytes:
     """Re-serialize the way Python JSON servers do (FastAPI: compact separators, UTF-8 kept), so an
     event the proxy changed differs from the server's bytes only where it removed something."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode()
+
+
+_FIRST_SEP = re.compile(rb'\A\s*[\[{]\s*"(?:[^"\\]|\\.)*"(\s*):(\s*)')
+_HIGH_ESCAPE = re.compile(rb"\\u(?:00[89a-fA-F]|0[1-9a-fA-F]|[1-9a-fA-F])")
+_DUMPERS: dict[tuple[str, str, bool], Callable[[Any], bytes]] = {}
+
+
+def dumps_like(raw: bytes) -> Callable[[Any], bytes]:
+    """A serializer that writes JSON the way ``raw`` was written: separators with or without
+    spaces (json.dumps default vs compact) and non-ASCII kept or \\u-escaped. Servers differ
+    (aiohttp's json_response uses json.dumps defaults, FastAPI and pydantic are compact), and a
+    re-serialized answer should differ from the server's only where the proxy removed a field."""
+    m = _FIRST_SEP.match(raw)
+    kv = ":" + (m.group(2).decode() if m else "")
+    spaced = m is not None and m.group(2) == b" "
+    item = ", " if spaced else ","
+    ascii_only = raw.isascii() and _HIGH_ESCAPE.search(raw) is not None
+    key = (item, kv, ascii_only)
+    fn = _DUMPERS.get(key)
+    if fn is None:
+        def fn(obj: Any, _i=item, _k=kv, _a=ascii_only) -> bytes:
+            return json.dumps(obj, ensure_ascii=_a, separators=(_i, _k), allow_nan=True).encode()
+        _DUMPERS[key] = fn
+    return fn
 
 
 class ChoiceAcc:

@@ -69,8 +69,11 @@ def _system_text(system, notes: list[str], normalize: bool) -> str:
         text = b.get("text") or ""
         if normalize and text.startswith(BILLING_PREFIX):
             # Per-session hash line: it breaks prefix sharing across sessions (harnesses.md).
+            # Only that line goes; text after it in the same block stays.
             join_notes(notes, "removed Claude Code x-anthropic-billing-header system line")
-            continue
+            text = text.split("\n", 1)[1] if "\n" in text else ""
+            if not text:
+                continue
         if "cache_control" in b:
             join_notes(notes, "cache_control dropped before templating")
         parts.append(text)

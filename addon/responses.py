@@ -15,6 +15,12 @@ resends reasoning items with `summary` and `encrypted_content` only), so the exa
 text is put into `encrypted_content` ("polar:v1:" + base64) when the client asks for it; a
 resent item decodes back to the exact text the model sampled, so the template sees it again.
 Items carrying someone else's encrypted_content fall back to content, then summary text.
+
+Refused with a TranslationError naming the item: image/file/audio parts (the template is
+text-only), item_reference and previous_response_id (the proxy keeps no response state), a
+function_call_output without its function_call, and input item types with no chat meaning
+(custom_tool_call, local_shell_call, computer_call, ...). Hosted and custom tools are dropped
+(noted); Codex 0.171 sent neither for a non-OpenAI provider.
 """
 from __future__ import annotations
 

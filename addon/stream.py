@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import orjson
 
-from .capture import CallCapture, dumps_like_python
+from .capture import CallCapture, dumps_like, dumps_like_python
 from .dialects import strip_response
 from .sse import Event, SSEParser
 
@@ -67,10 +67,9 @@ class _Base:
 
 
 class StreamFilter(_Base):
-    def __init__(self, cap: CallCapture, extract, assembler, dumps=dumps_like_python):
+    def __init__(self, cap: CallCapture, extract, assembler):
         super().__init__(cap, extract)
         self.assembler = assembler
-        self.dumps = dumps
 
     def _event(self, ev: Event) -> bytes:
         if ev.data is None:  # comment / keep-alive / bare event line
@@ -95,7 +94,7 @@ class StreamFilter(_Base):
         self.assembler.add(obj)
         if not changed:
             return ev.raw
-        return serialize_event(ev, self.dumps(obj))
+        return serialize_event(ev, dumps_like(ev.data.encode())(obj))
 
     mid_stream_error: Any = None
     carry: dict | None = None  # choice index -> logprob entries of dropped chunks
@@ -127,7 +126,7 @@ class StreamFilter(_Base):
         return changed
 
     def response_text(self) -> str:
-        return self.dumps(self.assembler.result()).decode()
+        return dumps_like_python(self.assembler.result()).decode()
 
 
 class TranslatedStream(_Base):

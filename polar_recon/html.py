@@ -23,7 +23,9 @@ CSS = """
 body{font:14px/1.5 system-ui,sans-serif;margin:24px;color:#222;background:#fafafa}
 h1{font-size:20px;margin:0 0 4px} .sub{color:#666;margin-bottom:16px}
 table{border-collapse:collapse;margin:8px 0 20px;font-size:12px} td,th{border:1px solid #ddd;padding:2px 6px}
-th{background:#eee} tr.AUX,tr.ERROR,tr.RETRY{color:#999}
+th{background:#eee} tr.row-AUX,tr.row-ERROR,tr.row-RETRY{color:#999}
+td.k-CLEAN{color:#2a7;font-weight:bold} td.k-REALIGN{color:#d80;font-weight:bold} td.k-FORK{color:#27c;font-weight:bold}
+details{display:inline} summary{display:inline;cursor:pointer;color:#557;font:11px system-ui;background:#eef;border-radius:3px;padding:0 4px}
 .legend span{display:inline-block;margin-right:14px}
 .seg{background:#fff;border:1px solid #ddd;border-radius:6px;padding:12px;margin:16px 0}
 .seg h2{font-size:15px;margin:0 0 8px}
@@ -79,10 +81,16 @@ def _table(rows) -> str:
     cols = ["call", "api", "prompt", "completion", "link", "parent", "new", "realigned", "segment", "ttfb_ms",
             "total_ms", "finish", "weights", "error"]
     head = "".join(f"<th>{c}</th>" for c in cols)
-    body = "".join(
-        f"<tr class='{r['link']}'>" + "".join(f"<td>{html.escape('' if r[c] is None else str(r[c]))}</td>" for c in cols) + "</tr>"
-        for r in rows)
+
+    def cell(r, c):
+        v = html.escape("" if r[c] is None else str(r[c]))
+        return f"<td class='k-{v}'>{v}</td>" if c == "link" else f"<td>{v}</td>"
+    body = "".join(f"<tr class='row-{r['link']}'>" + "".join(cell(r, c) for c in cols) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+# Context runs longer than this are folded (system prompts and tool lists dwarf what was sampled).
+FOLD, KEEP = 120, 30
 
 
 def _segment(nodes, chain, seq, m: TurnMarkers, tokenizer_dir) -> str:
@@ -95,19 +103,33 @@ def _segment(nodes, chain, seq, m: TurnMarkers, tokenizer_dir) -> str:
         extra = f" ({n.realigned} turn{'s' if n.realigned != 1 else ''})" if n.kind == REALIGN else ""
         badges[pos] = f"<b class='call {n.kind}' title='parent call {nodes[n.parent].call.call_index if n.parent is not None else '-'}'>call {n.call.call_index} &middot; {n.kind}{extra}</b>"
         pos += len(n.call.prompt) - keep + len(n.call.completion)
-    parts = []
+    cells = []
     ids, mask, lps = seq.input_ids, seq.loss_mask, seq.logprobs
     for i, text in enumerate(texts):
-        if i in badges:
-            parts.append(badges[i])
+        pre = badges.get(i, "")
         if ids[i] == m.start:
             role = texts[i + 1].strip() if i + 1 < len(texts) else ""
-            parts.append(f"<span class='turn'>{html.escape(role)} turn @ {i}</span>")
+            pre += f"<span class='turn'>{html.escape(role)} turn @ {i}</span>"
         shown = html.escape(text.replace("\n", "\u21b5\n"))
         if mask[i]:
-            parts.append(f"<span class='t1' style='background:{_color(lps[i])}' title='id {ids[i]} logprob {lps[i]:.3f}'>{shown}</span>")
+            cells.append(pre + f"<span class='t1' style='background:{_color(lps[i])}' title='id {ids[i]} logprob {lps[i]:.3f}'>{shown}</span>")
         else:
-            parts.append(f"<span class='t0' title='id {ids[i]}'>{shown}</span>")
+            cells.append(pre + f"<span class='t0' title='id {ids[i]}'>{shown}</span>")
+    parts = []
+    d = np.diff(np.concatenate([[1], mask.astype(np.int8), [1]]))
+    runs = list(zip(np.flatnonzero(d == -1).tolist(), np.flatnonzero(d == 1).tolist()))  # mask-0 runs
+    pos = 0
+    for a, b in runs:
+        parts += cells[pos:a]
+        if b - a > FOLD:
+            parts += cells[a:a + KEEP]
+            parts.append(f"<details><summary>&hellip; {b - a - 2 * KEEP} context tokens &hellip;</summary>"
+                         + "".join(cells[a + KEEP:b - KEEP]) + "</details>")
+            parts += cells[b - KEEP:b]
+        else:
+            parts += cells[a:b]
+        pos = b
+    parts += cells[pos:]
     title = (f"segment {seq.segment}: {len(ids)} tokens, {int(mask.sum())} trainable, {seq.n_calls} calls, "
              f"{seq.n_realign} realigned turns, prompt_len {seq.prompt_len}")
     return f"<div class='seg'><h2>{html.escape(title)}</h2><div class='toks'>{''.join(parts)}</div></div>"

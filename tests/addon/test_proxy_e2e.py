@@ -258,16 +258,16 @@ def test_64_concurrent_streaming_episodes_not_mixed(stack):
 
 def test_sigkill_mid_episode_keeps_completed_calls(tmp_path):
     logdir = tmp_path / "logs"
-    with fake_backend(tmp_path, "vllm", chunks=200, gap_ms=20) as be:
+    with fake_backend(tmp_path, "vllm", chunks=12) as be:
         with mitmdump(tmp_path, logdir, upstream=be.url) as px:
             e = ep()
             for _ in range(3):
                 assert post(px.url + "/v1/chat/completions", {**CHAT, "stream": True}, episode=e, stream=True)[0] == 200
             # one call in flight when the proxy dies
-            proc = subprocess.Popen(["curl", "-s", "-N", "-H", f"x-polar-episode: {e}", "-d",
+            proc = subprocess.Popen(["curl", "-s", "-N", "-H", f"x-polar-episode: {e}", "-H", "x-fake: slow", "-d",
                                      json.dumps({**CHAT, "stream": True}), px.url + "/v1/chat/completions"],
                                     stdout=subprocess.DEVNULL)
-            time.sleep(0.5)
+            time.sleep(0.3)
             px.proc.send_signal(signal.SIGKILL)
             px.proc.wait()
             proc.wait(10)

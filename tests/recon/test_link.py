@@ -35,6 +35,17 @@ def assert_faithful(ep, nodes, seqs, recorded):
         assert not lps[~mask].any()
         first = by_index[s.calls[0]]
         assert np.array_equal(ids[: s.prompt_len], first.prompt_ids)  # the first prompt, as the model saw it
+        # the context before each later completion: a tail of that call's prompt starting right after a
+        # turn's <|im_end|>, with as many turns before it as the model saw
+        starts = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8)])) == 1)
+        ends = np.flatnonzero(np.diff(np.concatenate([mask.astype(np.int8), [0]])) == -1) + 1
+        assert len(starts) == len(s.calls)
+        for k in range(1, len(s.calls)):
+            prompt = np.asarray(by_index[s.calls[k]].prompt_ids)
+            ctx = ids[ends[k - 1]:starts[k]]
+            assert 0 < len(ctx) <= len(prompt) and np.array_equal(prompt[len(prompt) - len(ctx):], ctx)
+            assert prompt[len(prompt) - len(ctx) - 1] == M.end
+            assert np.count_nonzero(ids[:starts[k]] == M.start) == np.count_nonzero(prompt == M.start)
         trained += s.calls
     assert sorted(trained) == sorted(r.call_index for r in recorded if r.kept)
 

@@ -225,3 +225,14 @@ def test_messages_prefill_continues_the_last_assistant_turn(tokenizer):
                                            continue_final_message=True)
     # Qwen3 renders the last assistant turn with a (here empty) think block before the text.
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is (")
+
+
+def test_billing_line_inside_a_system_string_removes_only_that_line():
+    t = translator_for("POST", "/v1/messages")
+    chat = t.request_to_chat({"model": "m", "max_tokens": 5, "messages": [USER_MSG],
+                              "system": "x-anthropic-billing-header: cc_version=1;\nBe helpful."},
+                             {})
+    assert chat["messages"][0] == {"role": "system", "content": "Be helpful."}
+
+
+USER_MSG = {"role": "user", "content": "hi"}

@@ -26,12 +26,13 @@ VERSION_HEADER = "x-polar-weight-version"
 
 
 class Server:
-    def __init__(self, model: ServedModel, dialect: str, served_name: str, script: dict | None = None,
+    def __init__(self, model: ServedModel, dialect: str, served_names, script: dict | None = None,
                  weight_version: str | None = None):
         self.model = model
         self.engine = Engine(model)
         self.dialect = dialect
-        self.served_name = served_name
+        self.served_names = [served_names] if isinstance(served_names, str) else list(served_names)
+        self.served_name = self.served_names[0]
         self.script = script
         self.reloads = 0
         self.weight_version = weight_version or "default"
@@ -60,7 +61,7 @@ class Server:
 
     def check_model(self, body: dict) -> None:
         name = body.get("model")
-        if self.dialect == "vllm" and name not in (None, "") and name != self.served_name:
+        if self.dialect == "vllm" and name not in (None, "") and name not in self.served_names:
             raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
     async def sse(self, request: web.Request, chunks) -> web.StreamResponse:
@@ -143,14 +144,16 @@ class Server:
 
     async def models(self, request: web.Request):
         created = int(time.time())
-        if self.dialect == "vllm":
-            card = {"id": self.served_name, "object": "model", "created": created, "owned_by": "vllm",
-                    "root": str(self.model.model_dir), "parent": None, "max_model_len": self.model.max_len,
-                    "permission": []}
-        else:
-            card = {"id": self.served_name, "object": "model", "created": created, "owned_by": "sglang",
-                    "root": self.served_name, "max_model_len": self.model.max_len}
-        return web.json_response({"object": "list", "data": [card]}, headers=self.headers())
+        cards = []
+        for name in self.served_names:
+            if self.dialect == "vllm":
+                cards.append({"id": name, "object": "model", "created": created, "owned_by": "vllm",
+                              "root": str(self.model.model_dir), "parent": None, "max_model_len": self.model.max_len,
+                              "permission": []})
+            else:
+                cards.append({"id": name, "object": "model", "created": created, "owned_by": "sglang",
+                              "root": name, "max_model_len": self.model.max_len})
+        return web.json_response({"object": "list", "data": cards}, headers=self.headers())
 
     async def tokenize(self, request: web.Request):
         body = await self.body(request)

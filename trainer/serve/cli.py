@@ -2,7 +2,7 @@
 
     polar-serve --make-tiny DIR [--seed N]
     polar-serve --model DIR --port PORT --dialect vllm|sglang [--script FILE] [--host 127.0.0.1]
-                [--served-model-name NAME] [--threads N] [--weight-version V]
+                [--served-model-name NAME [NAME ...]] [--threads N] [--weight-version V]
 
 Once listening it prints exactly one line `polar-serve listening on http://HOST:PORT` (flushed);
 `--port 0` picks a free port, which that line reports.
@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--dialect", choices=("vllm", "sglang"), default="vllm")
     p.add_argument("--script", metavar="FILE", help="scripted mode: replies come from FILE (see trainer/serve/script.py)")
-    p.add_argument("--served-model-name", default=None, help="model name reported and checked (default: DIR's name)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) accepted (vLLM checks them); the first is reported (default: DIR's name)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--weight-version", default=None, help="initial weight_version (default 'default', like SGLang)")
     p.add_argument("--log-level", default="warning")
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"polar-serve: cannot load model from {args.model}: {e}", file=sys.stderr)
         return 2
-    name = args.served_model_name or Path(args.model).resolve().name
+    name = args.served_model_name or [Path(args.model).resolve().name]
     server = Server(model, args.dialect, name, script, args.weight_version)
     return asyncio.run(_serve(server, make_app(server), args.host, args.port))
 

@@ -343,12 +343,11 @@ class ServedModel:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
             for i in range(p.max_tokens):
                 logits = self.runner.logits(h)[0]
-                x = process_logits(logits, p)
+                lp_row = torch.log_softmax(process_logits(logits, p), -1)
                 if p.temperature <= 1e-5:
-                    tok = int(torch.argmax(x))
+                    tok = int(torch.argmax(lp_row))
                 else:
-                    tok = int(torch.multinomial(x.softmax(-1), 1, generator=gen))
-                lp_row = torch.log_softmax(x, -1)
+                    tok = int(torch.multinomial(lp_row.exp(), 1, generator=gen))
                 yield _step(lp_row, tok, p.top_logprobs)
                 if tok in stops or i == p.max_tokens - 1:
                     return

@@ -159,6 +159,14 @@ class StreamParser:
     def feed(self, text: str, final: bool = False) -> list[dict]:
         """Deltas for `text` (the whole output so far): {"reasoning"|"content": str} or
         {"tool_call": {"index", "id"?, "name"?, "arguments"?}}."""
+        if not final:
+            # A tag split over tokens (never with Qwen3's single-token tags, but possible for other
+            # tokenizers) must not leak as text: parse without a trailing partial tag.
+            for tag in (THINK_START, THINK_END, TOOL_START, TOOL_END):
+                cut = _hold_back(text, tag)
+                if len(cut) < len(text) and not text.endswith(tag):
+                    text = cut
+                    break
         p = parse_output(text, self.dialect, self.thinking, self.tools_active, self.tool_names, partial=not final)
         out = []
         r = p.reasoning or ""
@@ -169,6 +177,8 @@ class StreamParser:
         if not self.sent_calls and len(c) > len(self.sent_content) and c.startswith(self.sent_content):
             # Hold back a possible start of "<tool_call>" split over tokens.
             safe = c if final else _hold_back(c, TOOL_START + "\n")
+            if self.dialect == "sglang" and not final:
+                safe = safe.rstrip()  # SGLang strips the text before a call: trailing space may vanish
             if len(safe) > len(self.sent_content):
                 out.append({"content": safe[len(self.sent_content):]})
                 self.sent_content = safe

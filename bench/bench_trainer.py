@@ -1,0 +1,141 @@
+"""Trainer-side shard streaming cost: landing -> training latency, and the share of step time spent loading.
+
+    .venv/bin/python bench/bench_trainer.py [--shards 10] [--interval 1.0] [--prompt 64] [--completion 32]
+
+A writer thread lands one shard (one generation batch of groups, written to a temporary name and
+renamed, as polar-recon does) every --interval seconds while PolarGRPOTrainer trains the tiny Qwen3
+on CPU (real TRL steps). Two runs:
+- stream: shards land while training; latency = shard rename -> its group handed to a training step.
+- backlog: all shards exist before training; the loading share without any waiting.
+Load = listing + parquet read + splitting into groups (ShardSource.stats.load_seconds); the share is
+load / (training wall time - time spent waiting for shards to land).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def make_rows(shard_no: int, groups: int, g: int, prompt: int, completion: int, rng: random.Random) -> list[dict]:
+    from tests.trainer.shardkit import row, synthetic_seq
+
+    rows = []
+    for k in range(groups):
+        gid = f"s{shard_no}g{k}"
+        for e in range(g):
+            p = [151644, 872, 198] + [rng.randrange(1000, 100000) for _ in range(prompt - 6)] + [151645, 151644, 77091]
+            c = [rng.randrange(1000, 100000) for _ in range(completion - 1)] + [151645]
+            rows.append(row(synthetic_seq(p, c, logprob=-11.9), f"{gid}-e{e}", gid, float(rng.random() < 0.5),
+                            group_size=g))
+    return rows
+
+
+class TimedSource:
+    """Wraps ShardSource.next_group to note when each group is handed to the trainer."""
+
+    def __init__(self, src):
+        self.src, self.handed = src, {}
+        self._orig = src.next_group
+        src.next_group = self.next_group
+
+    def next_group(self, timeout=None):
+        grp = self._orig(timeout)
+        self.handed[grp.group_id] = time.time()
+        return grp
+
+
+def run(args, mode: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.trainer.shardkit import tiny_model_dir, write_shard
+    from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.shard_source import ShardSource
+
+    torch.set_num_threads(args.threads)
+    rng = random.Random(0)
+    groups_per_shard = args.batch // args.g
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-trainer-{mode}-"))
+    shards = tmp / "shards"
+    landed: dict[str, float] = {}
+
+    def land(i: int):
+        rows = make_rows(i, groups_per_shard, args.g, args.prompt, args.completion, rng)
+        write_shard(shards, i, rows)
+        t = time.time()
+        for r in rows:
+            landed.setdefault(r["group_id"], t)
+
+    if mode == "backlog":
+        for i in range(args.shards):
+            land(i)
+    cfg = PolarGRPOConfig(output_dir=str(tmp / "out"), shards=str(shards), max_steps=args.shards,
+                          per_device_train_batch_size=args.batch, num_generations=args.g, learning_rate=1e-5,
+                          logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+                          gradient_checkpointing=False, shard_poll_interval=args.poll, shard_wait_timeout=120,
+                          disable_tqdm=True, temperature=1.0)
+    d = tiny_model_dir()
+    src = ShardSource(str(shards), poll_interval=args.poll)
+    timed = TimedSource(src)
+    trainer = PolarGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32), args=cfg,
+                               processing_class=AutoTokenizer.from_pretrained(str(d)), source=src)
+    writer = None
+    if mode == "stream":
+        def write_all():
+            for i in range(args.shards):
+                time.sleep(args.interval)
+                land(i)
+        writer = threading.Thread(target=write_all, daemon=True)
+        writer.start()
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    if writer:
+        writer.join()
+    lat = sorted(timed.handed[g] - landed[g] for g in timed.handed)
+    # Per shard: the first group of a shard is what waits for the landing.
+    first = sorted(timed.handed[g] - landed[g] for g in timed.handed if g.endswith("g0"))
+    busy = wall - src.stats.wait_seconds
+    steps = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+    return {
+        "mode": mode, "steps": args.shards, "wall_s": wall, "wait_s": src.stats.wait_seconds,
+        "load_s": src.stats.load_seconds, "load_share": src.stats.load_seconds / busy,
+        "step_time_mean_s": statistics.mean(steps) if steps else float("nan"),
+        "landing_to_step_p50_s": statistics.median(first), "landing_to_step_max_s": max(first),
+        "all_groups_p50_s": statistics.median(lat),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--interval", type=float, default=1.5, help="seconds between landings (stream mode)")
+    ap.add_argument("--batch", type=int, default=8, help="rows per step (per_device_train_batch_size)")
+    ap.add_argument("--g", type=int, default=4, help="num_generations")
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--completion", type=int, default=32)
+    ap.add_argument("--poll", type=float, default=0.05)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--modes", default="stream,backlog")
+    args = ap.parse_args()
+    for mode in args.modes.split(","):
+        r = run(args, mode)
+        print(f"[{mode}] {r['steps']} steps, {args.batch} rows x {args.prompt}+{args.completion} tokens, "
+              f"poll {args.poll}s: wall {r['wall_s']:.2f}s, waiting {r['wait_s']:.2f}s, loading {r['load_s']*1e3:.1f}ms "
+              f"= {100 * r['load_share']:.2f}% of busy time; mean step {r['step_time_mean_s']:.3f}s; "
+              f"shard landing -> step: p50 {r['landing_to_step_p50_s']*1e3:.0f}ms, max {r['landing_to_step_max_s']*1e3:.0f}ms "
+              f"(all groups p50 {r['all_groups_p50_s']*1e3:.0f}ms)")
+
+
+if __name__ == "__main__":
+    main()

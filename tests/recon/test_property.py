@@ -1,0 +1,71 @@
+"""Property: for random conversations through the real Qwen3 template and random harness habits,
+every trainable span is exactly the sampled completion ids with their own logprobs, every kept
+call trains exactly once, and only context compaction starts a new segment."""
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_recon.episodes import read_calls
+from polar_recon.link import FORK, RETRY, link_calls, segments
+from polar_recon.strategies import token_sequences
+
+from . import logs as L
+from .test_link import M, assert_faithful
+
+REASONING = ["", "Think.", "\nmulti\nline\n", "I need to look at the file first, then write it. " * 3]
+CONTENT = ["", "\n", "Let me check.", "Plan:\n1. write\n2. check", "  spaced  ", "Ünïcødé ✓"]
+ARGS = [{"path": "a.txt", "content": "hi"}, {"path": "b/c.py", "content": "print('x')\n"}, {"command": "ls -la"}]
+
+step = st.one_of(
+    st.tuples(st.just("tool"), st.sampled_from(REASONING), st.sampled_from(CONTENT), st.sampled_from(range(len(ARGS))),
+              st.booleans(), st.sampled_from(["ok", "", "line1\nline2"])),
+    st.tuples(st.just("user"), st.sampled_from(["Next, please.", "Now delete it."])),
+    st.tuples(st.just("retry"), st.sampled_from(REASONING)),
+    st.tuples(st.just("compact"),),
+    st.tuples(st.just("aux"),),
+    st.tuples(st.just("cut"),),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(harness=st.sampled_from(sorted(L.HARNESSES)), thinking=st.booleans(), steps=st.lists(step, min_size=1, max_size=7),
+       final=st.tuples(st.sampled_from(REASONING), st.sampled_from(CONTENT[2:])))
+def test_random_conversations_are_token_faithful(tmp_path_factory, harness, thinking, steps, final):
+    d = tmp_path_factory.mktemp("prop")
+    compactions = 0
+
+    def run(c):
+        nonlocal compactions
+        made = 0
+        for s in steps:
+            if s[0] == "tool":
+                _, reasoning, content, a, compact, result = s
+                args = json.dumps(ARGS[a], separators=(",", ":") if compact else None)
+                name = "run_shell" if "command" in ARGS[a] else "write_file"
+                c.call(L.Sample(reasoning, content, [(name, args)]), results=[result])
+                made += 1
+            elif s[0] == "user" and made:
+                c.call(L.Sample("", "Sure.", []))
+                c.user(s[1])
+                made += 1
+            elif s[0] == "retry":
+                c.call(L.Sample(s[1], "", [("run_shell", json.dumps({"command": "true"}))]), keep=False).kept = False
+            elif s[0] == "compact" and made:
+                c.compact("the work so far")
+                compactions += 1
+                made = 0
+            elif s[0] == "aux":
+                L.auxiliary_call(c.w)
+            elif s[0] == "cut":
+                c.cut_off()
+        c.call(L.Sample(final[0], final[1], []))
+
+    conv = L.episode(d, "p", run, harness=harness, thinking=thinking)
+    ep = read_calls(d / "p.arrow")
+    nodes = link_calls(ep.calls, M)
+    chains = segments(nodes)
+    seqs = token_sequences(ep, M, nodes)
+    assert_faithful(ep, nodes, seqs, conv.recorded)
+    assert len(chains) == 1 + compactions, [(n.call.call_index, n.kind, n.note) for n in nodes]
+    assert sum(n.kind == RETRY for n in nodes) == sum(not r.kept for r in conv.recorded)

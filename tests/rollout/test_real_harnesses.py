@@ -1,0 +1,79 @@
+"""The four real harness CLIs through mitmdump + the Polar addon + polar-serve (scripted).
+
+For each harness, `polar-rollout run` on the fix-add sample task must: fix the bug (the task's
+file change happened, its test passes: reward 1.0), leave a finished capture log where every
+call has prompt ids, completion ids and logprobs, and `polar-recon build` must turn it into a
+valid shard row. Needs the CLIs in .cache/harnesses (ensure_installed installs them).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness_recipes.install import ensure_installed
+from harness_recipes.recipe import load_recipe
+from harness_recipes.stack import capture_proxy, serve
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "data" / "tasks"
+SCRIPT = TASKS / "scripts" / "fix_tasks.json"
+HARNESSES = ["pi", "qwen-code", "codex", "claude-code"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from tests.support.servers import tiny_model_dir
+    logdir = tmp_path_factory.mktemp("logs")
+    with serve(tiny_model_dir(), script=SCRIPT) as srv, capture_proxy(srv.url, logdir) as proxy:
+        yield proxy, logdir
+
+
+def one_task(tmp_path: Path, harness: str) -> Path:
+    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
+    # Each harness gets its own task id, hence its own episode ids in the shared proxy logdir.
+    task.update(id=f"fix-add-{harness}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
+    p = tmp_path / "tasks.jsonl"
+    p.write_text(json.dumps(task) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness):
+    proxy, logdir = stack
+    ensure_installed(load_recipe(harness))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", harness, "--tasks", str(one_task(tmp_path, harness)),
+         "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--no-progress", "--recon", "none"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rec,) = [json.loads(line) for line in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
+    detail = f"{rec}\nproxy output:\n{proxy.output()[-3000:]}"
+    assert rec["status"] == "done" and rec["harness_rc"] == 0, detail
+    assert "calc.py" in rec["changed_files"] and rec["reward"] == 1.0, detail
+
+    from polar_recon.logfile import read_episode
+    log = read_episode(logdir / f"{rec['episode_id']}.arrow")
+    assert log.finished and log.reward == 1.0 and log.metadata["group_id"] == f"fix-add-{harness}"
+    calls = log.calls.filter(~log.calls["auxiliary"].fill_null(False))
+    assert calls.height >= 3, f"expected fix, test and final-answer calls, got {calls.height}"
+    for row in calls.iter_rows(named=True):
+        assert row["error"] is None and row["status"] == 200, row["error"]
+        assert row["prompt_ids"] and row["completion_ids"], f"call {row['call_index']} has no ids"
+        assert len(row["completion_logprobs"]) == len(row["completion_ids"])
+    assert rec["n_calls"] == log.calls.height
+
+    shards = tmp_path / "shards"
+    build = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(shards)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    import polars as pl
+    df = pl.read_parquet(shards / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
+    assert df.height >= 1
+    for row in df.iter_rows(named=True):
+        assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["logprobs"])
+        assert sum(row["loss_mask"]) > 0 and row["reward"] == 1.0 and row["group_id"] == f"fix-add-{harness}"

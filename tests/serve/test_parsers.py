@@ -1,0 +1,124 @@
+"""Reasoning / tool-call parsing of both dialects, and stream deltas == non-streaming parse."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.serve.parsers import StreamParser, parse_output
+
+QWEN_TURN = ('<think>\nThe user wants hello.txt.\n</think>\n\nI\'ll create it.\n<tool_call>\n'
+             '{"name": "bash", "arguments": {"command":"echo hi > hello.txt"}}\n</tool_call>')
+
+
+def test_vllm_qwen3_hermes_keeps_whitespace_and_reserializes_arguments():
+    p = parse_output(QWEN_TURN, "vllm", thinking=True, tools_active=True)
+    assert p.reasoning == "\nThe user wants hello.txt.\n"
+    assert p.content == "\n\nI'll create it.\n"
+    assert [(c.name, c.arguments) for c in p.tool_calls] == [("bash", '{"command": "echo hi > hello.txt"}')]
+
+
+def test_sglang_qwen3_qwen25_strips():
+    p = parse_output(QWEN_TURN, "sglang", thinking=True, tools_active=True, tool_names={"bash"})
+    assert p.reasoning == "The user wants hello.txt.\n"
+    assert p.content == "I'll create it."
+    assert [(c.name, c.arguments) for c in p.tool_calls] == [("bash", '{"command": "echo hi > hello.txt"}')]
+
+
+def test_sglang_drops_calls_to_undeclared_tools():
+    p = parse_output(QWEN_TURN, "sglang", thinking=True, tools_active=True, tool_names={"read"})
+    assert p.tool_calls == [] and p.content == "I'll create it."
+
+
+def test_vllm_thinking_without_end_tag_is_all_reasoning():
+    p = parse_output("just some words", "vllm", thinking=True, tools_active=False)
+    assert p.reasoning == "just some words" and p.content is None
+
+
+def test_thinking_disabled_is_all_content():
+    for d in ("vllm", "sglang"):
+        p = parse_output("plain answer", d, thinking=False, tools_active=False)
+        assert p.reasoning is None and p.content == "plain answer"
+
+
+def test_tools_inactive_leaves_tool_markup_in_content():
+    p = parse_output("<think>\n\n</think>\n\n<tool_call>\n{}\n</tool_call>", "vllm", True, tools_active=False)
+    assert p.content == "\n\n<tool_call>\n{}\n</tool_call>"
+
+
+def test_vllm_bad_json_call_is_plain_content():
+    text = "<think>x</think>ok<tool_call>\n{not json}\n</tool_call>"
+    p = parse_output(text, "vllm", True, True)
+    assert p.tool_calls == [] and p.content == "ok<tool_call>\n{not json}\n</tool_call>"
+
+
+def test_two_calls_and_unicode_arguments():
+    text = ('<think>\n\n</think>\n\n<tool_call>\n{"name": "a", "arguments": {"x": "é"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>')
+    for d in ("vllm", "sglang"):
+        p = parse_output(text, d, True, True, {"a", "b"})
+        assert [(c.name, json.loads(c.arguments)) for c in p.tool_calls] == [("a", {"x": "é"}), ("b", {})]
+        assert "é" in p.tool_calls[0].arguments  # ensure_ascii=False, like both servers
+
+
+def _replay(text: str, cuts: list[int], dialect: str, thinking: bool, tools: bool):
+    sp = StreamParser(dialect, thinking, tools, {"bash", "a", "b"})
+    deltas = []
+    for c in sorted(set(cuts)):
+        deltas += sp.feed(text[:c])
+    deltas += sp.feed(text, final=True)
+    return deltas
+
+
+def _fold(deltas):
+    r = "".join(d.get("reasoning", "") for d in deltas)
+    c = "".join(d.get("content", "") for d in deltas)
+    calls = {}
+    for d in deltas:
+        if "tool_call" in d:
+            tc = d["tool_call"]
+            e = calls.setdefault(tc["index"], {"name": None, "arguments": "", "id": None})
+            if "name" in tc:
+                e["name"], e["id"] = tc["name"], tc["id"]
+            e["arguments"] += tc.get("arguments", "")
+    return r, c, [calls[i] for i in sorted(calls)]
+
+
+TEXTS = [
+    QWEN_TURN,
+    "<think>\nhmm\n</think>\n\nDone: hello.txt contains hi.",
+    "<think>\n\n</think>\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
+    "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>",
+    "no think at all, only words",
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(idx=st.integers(0, len(TEXTS) - 1), cuts=st.lists(st.integers(0, 200), max_size=30),
+       dialect=st.sampled_from(["vllm", "sglang"]), thinking=st.booleans(), tools=st.booleans())
+def test_stream_deltas_fold_to_the_non_streaming_parse(idx, cuts, dialect, thinking, tools):
+    text = TEXTS[idx]
+    r, c, calls = _fold(_replay(text, cuts, dialect, thinking, tools))
+    p = parse_output(text, dialect, thinking, tools, {"bash", "a", "b"})
+    assert r == (p.reasoning or "")
+    assert c == (p.content or "")
+    assert [(x["name"], x["arguments"]) for x in calls] == [(t.name, t.arguments) for t in p.tool_calls]
+    prefix = "chatcmpl-tool-" if dialect == "vllm" else "call_"
+    assert all(x["id"].startswith(prefix) for x in calls)
+
+
+def test_stream_sends_tool_name_before_arguments_complete():
+    sp = StreamParser("vllm", True, True)
+    partial = QWEN_TURN[: QWEN_TURN.index('"arguments"') + 5]
+    out = sp.feed(partial)
+    names = [d["tool_call"] for d in out if "tool_call" in d]
+    assert names and names[0]["name"] == "bash" and "arguments" not in names[0]
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_stream_holds_back_a_split_tool_call_tag(dialect):
+    sp = StreamParser(dialect, False, True)
+    out = sp.feed("Hello <tool_")
+    assert "".join(d.get("content", "") for d in out).strip() == "Hello"
