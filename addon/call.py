@@ -16,7 +16,7 @@ from .redact import SECRET_KEYS, redact_json
 from .stream import StreamFilter, TranslatedStream
 
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
-_SECRET_NEEDLES = tuple(k.encode() for k in SECRET_KEYS)
+_SECRET_NEEDLES = tuple(b'"' + k.encode() + b'"' for k in SECRET_KEYS)  # as JSON keys (any case)
 MAX_ERROR_BODY = 2000
 
 
@@ -36,14 +36,24 @@ def add_fields(raw: bytes, body: dict, added: dict[str, Any]) -> bytes:
     return raw[:end] + (b"," if body else b"") + ins + raw[end:]
 
 
-def log_request_text(raw: bytes, body: Any) -> str:
-    """The request as the harness sent it, with secret fields redacted."""
+def log_request_text(raw: bytes, body: Any) -> bytes:
+    """The request as the harness sent it (UTF-8 bytes), with secret fields redacted."""
     low = raw.lower()
     if body is not None and any(n in low for n in _SECRET_NEEDLES):
         redacted = redact_json(body)
         if redacted != body:
-            return dumps_like_python(redacted).decode()
-    return raw.decode("utf-8", errors="replace")
+            return dumps_like_python(redacted)
+    return raw.decode("utf-8", errors="replace").encode() if not _is_utf8(raw) else raw
+
+
+def _is_utf8(raw: bytes) -> bool:
+    if raw.isascii():
+        return True
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 @dataclass
@@ -53,7 +63,7 @@ class Call:
     api: str  # chat | completions | responses | messages
     dialect: str
     t_start: float
-    request_text: str
+    request_text: bytes | str  # UTF-8 bytes on the hot path (no 80 KB str round trip)
     model: str | None = None
     stream: bool = False
     plan: Plan | None = None

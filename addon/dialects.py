@@ -15,7 +15,7 @@ Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
   the flags and is dropped whole. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
   ``token_ids`` on the choice. SGLang leaves unrequested keys out, so the proxy deletes them.
 - Logprobs: chat ``logprobs: true`` (per-token ``choices[i].logprobs.content[].logprob``);
-  completions ``logprobs: 0`` (legacy ``token_logprobs``). When the harness did not ask for them,
+  completions ``logprobs: 0`` on vLLM, ``1`` on SGLang (legacy ``token_logprobs``). When the harness did not ask for them,
   the proxy asks and then sets ``choices[i].logprobs`` back to ``null`` (both servers send the key).
 
 ``auto`` dialect: the addon asks the upstream's ``GET /v1/models`` once and reads ``owned_by`` of
@@ -63,7 +63,9 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
     harness_lp = _wants_logprobs(api, body)
     added: dict[str, Any] = {}
     if not harness_lp:
-        added["logprobs"] = True if api == "chat" else 0
+        # completions: vLLM returns the sampled token's logprob with logprobs=0; SGLang only
+        # returns logprobs when logprobs > 0
+        added["logprobs"] = True if api == "chat" else (0 if dialect == "vllm" else 1)
     if dialect == "vllm":
         added["return_token_ids"] = True
     elif api == "chat" and stream:

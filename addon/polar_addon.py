@@ -135,7 +135,7 @@ class PolarAddon:
             flow.response = _error_response(409, f"{exc}; use a new episode id for new calls")
             return
         dialect = await self._dialect(flow)
-        c = calls.Call(r.episode_id, writer.next_call_index(), api, dialect, time.time(), "")
+        c = calls.Call(r.episode_id, writer.next_call_index(), api, dialect, time.time(), b"")
         c.translator = translator
         if self._prepare(flow, c):
             flow.metadata[META] = c
@@ -150,14 +150,19 @@ class PolarAddon:
             raw = req.content if encoded else req.raw_content
         except ValueError as exc:  # a content-encoding that does not decode
             c.errors.append(f"request body could not be decoded ({exc}); passed through unmodified")
-            c.request_text = (req.raw_content or b"")[:1000].decode("utf-8", "replace")
+            c.request_text = (req.raw_content or b"")[:1000].decode("utf-8", "replace").encode()
             return True
         try:
             new = calls.prepare(c, raw or b"", req.headers)
         except Exception as exc:  # noqa: BLE001 - e.g. a translator refusing a request
-            c.errors.append(f"request could not be rewritten: {exc}")
-            flow.response = _error_response(400, f"polar proxy could not translate this request: {exc}")
+            msg = f"polar proxy could not translate this request: {exc}"
+            c.errors.append(msg)
             c.status = 400
+            if c.translator is not None and hasattr(c.translator, "error_body"):
+                body, ctype = c.translator.error_body(400, msg)  # in the harness's own API shape
+                flow.response = http.Response.make(400, body, {"content-type": ctype})
+            else:
+                flow.response = _error_response(400, msg)
             return False
         if new is not None:
             req.content = new  # re-encodes if the harness compressed it; fixes content-length

@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/bench_trainer.py [--shards 10] [--interval 1.0] [--prompt 64] [--completion 32]
 
-A writer thread lands one shard (one generation batch of groups, written to a temporary name and
-renamed, as polar-recon does) every --interval seconds while PolarGRPOTrainer trains the tiny Qwen3
-on CPU (real TRL steps). Two runs:
-- stream: shards land while training; latency = shard rename -> its group handed to a training step.
-- backlog: all shards exist before training; the loading share without any waiting.
-Load = listing + parquet read + splitting into groups (ShardSource.stats.load_seconds); the share is
-load / (training wall time - time spent waiting for shards to land).
+Three measurements:
+- stream: PolarGRPOTrainer trains the tiny Qwen3 on CPU (real TRL steps) while a writer thread lands
+  one shard (one generation batch of groups, temp name + rename, as polar-recon does) --gap seconds
+  after the trainer took the previous one, so the trainer is waiting when it lands. Latency = rename
+  -> the group handed to the training step (directory polling + parquet read + grouping).
+- backlog: all shards exist before training: the share of step time spent loading, with no waiting.
+  Load = listing + parquet read + grouping (ShardSource.stats.load_seconds); share = load / (training
+  wall time - time spent waiting for shards to land).
+- loader: throughput of ShardSource alone on large shards (--big-rows x --big-tokens per shard), to
+  compare with real GPU step times (the tiny CPU model's steps are not representative).
 """
 from __future__ import annotations
 
@@ -45,11 +48,16 @@ class TimedSource:
 
     def __init__(self, src):
         self.src, self.handed = src, {}
+        self.blocked = threading.Event()  # set while the trainer asks for a group
         self._orig = src.next_group
         src.next_group = self.next_group
 
     def next_group(self, timeout=None):
-        grp = self._orig(timeout)
+        self.blocked.set()
+        try:
+            grp = self._orig(timeout)
+        finally:
+            self.blocked.clear()
         self.handed[grp.group_id] = time.time()
         return grp
 
@@ -93,7 +101,10 @@ def run(args, mode: str) -> dict:
     if mode == "stream":
         def write_all():
             for i in range(args.shards):
-                time.sleep(args.interval)
+                # Land the next shard only once the trainer has taken the previous one and asks for more.
+                while i and not (timed.blocked.is_set() and any(g.startswith(f"s{i - 1}g") for g in list(timed.handed))):
+                    time.sleep(0.005)
+                time.sleep(args.gap)
                 land(i)
         writer = threading.Thread(target=write_all, daemon=True)
         writer.start()
@@ -119,22 +130,48 @@ def run(args, mode: str) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--interval", type=float, default=1.5, help="seconds between landings (stream mode)")
-    ap.add_argument("--batch", type=int, default=8, help="rows per step (per_device_train_batch_size)")
-    ap.add_argument("--g", type=int, default=4, help="num_generations")
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--completion", type=int, default=32)
+    ap.add_argument("--gap", type=float, default=0.3, help="stream: seconds between a take and the next landing")
+    ap.add_argument("--batch", type=int, default=4, help="rows per step (per_device_train_batch_size)")
+    ap.add_argument("--g", type=int, default=2, help="num_generations")
+    ap.add_argument("--prompt", type=int, default=48)
+    ap.add_argument("--completion", type=int, default=16)
+    ap.add_argument("--big-rows", type=int, default=64)
+    ap.add_argument("--big-tokens", type=int, default=4096)
+    ap.add_argument("--big-shards", type=int, default=4)
     ap.add_argument("--poll", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--modes", default="stream,backlog")
+    ap.add_argument("--modes", default="stream,backlog,loader")
     args = ap.parse_args()
     for mode in args.modes.split(","):
+        if mode == "loader":
+            loader(args)
+            continue
         r = run(args, mode)
         print(f"[{mode}] {r['steps']} steps, {args.batch} rows x {args.prompt}+{args.completion} tokens, "
               f"poll {args.poll}s: wall {r['wall_s']:.2f}s, waiting {r['wait_s']:.2f}s, loading {r['load_s']*1e3:.1f}ms "
               f"= {100 * r['load_share']:.2f}% of busy time; mean step {r['step_time_mean_s']:.3f}s; "
               f"shard landing -> step: p50 {r['landing_to_step_p50_s']*1e3:.0f}ms, max {r['landing_to_step_max_s']*1e3:.0f}ms "
               f"(all groups p50 {r['all_groups_p50_s']*1e3:.0f}ms)")
+
+
+def loader(args) -> None:
+    from tests.trainer.shardkit import write_shard
+    from trainer.shard_source import ShardSource
+
+    rng = random.Random(1)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-loader-"))
+    g = args.g
+    for i in range(args.big_shards):
+        rows = make_rows(i, args.big_rows // g, g, args.big_tokens // 2, args.big_tokens // 2, rng)
+        write_shard(tmp, i, rows)
+    src = ShardSource(str(tmp))
+    t0 = time.perf_counter()
+    n = 0
+    while (grp := src.try_next()) is not None:
+        n += sum(len(r["input_ids"]) for r in grp.rows)
+    dt = time.perf_counter() - t0
+    print(f"[loader] {args.big_shards} shards x {args.big_rows} rows x {args.big_tokens} tokens: {n / 1e6:.2f}M tokens "
+          f"in {dt:.2f}s = {n / dt / 1e6:.2f}M tokens/s ({src.stats.load_seconds:.2f}s in ShardSource loading)")
 
 
 if __name__ == "__main__":

@@ -60,10 +60,21 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
     except (RecipeError, TaskError) as e:
         raise click.UsageError(str(e)) from None
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
-    opts = ({"isolation": isolation, "keep": keep_workspaces} if runtime == "local" else {"network": docker_network})
+    # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
+    work = Path(out) / "rollout" / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    opts = {"isolation": isolation, "keep": keep_workspaces} if runtime == "local" else {"network": docker_network}
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
-    code = asyncio.run(_run(rec, exe, make_runtime(runtime, **opts), tasks, samples, ep.Settings(proxy=proxy, model=model),
-                            Path(logdir), Path(out), limits, recon, not no_progress))
+    try:
+        rt = make_runtime(runtime, workdir=str(work), **opts)
+        code = asyncio.run(_run(rec, exe, rt, tasks, samples, ep.Settings(proxy=proxy, model=model),
+                                Path(logdir), Path(out), limits, recon, not no_progress))
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
+        click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "
+                   "Run the same command again to resume.", err=True)
+        sys.exit(130)
+    except RuntimeError as e:  # e.g. dockerd not reachable, bubblewrap asked for but unusable
+        raise click.ClickException(str(e)) from None
     sys.exit(code)
 
 

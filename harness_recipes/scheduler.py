@@ -103,9 +103,11 @@ class Pipeline:
         try:
             await asyncio.gather(*tasks)
         except BaseException:
+            # A cancelled gather has already cancelled each episode once; cancelling again would cut
+            # their cleanup short. Let every episode kill, close and record before we return.
             for t in tasks:
-                t.cancel()
-            # Let every episode run its cleanup (kill, close, record) before we return.
+                if not t.done() and not t.cancelling():
+                    t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         return [j.record for j in self.jobs]
@@ -161,9 +163,11 @@ class Pipeline:
             rec.update(status=ep.ERROR, reward=0.0, error=f"{type(e).__name__}: {e}"[:2000])
             await self._end_quietly(job)
         finally:
-            if sandbox is not None:
-                await asyncio.shield(sandbox.close())
-            self._finish(job)
+            try:
+                if sandbox is not None:
+                    await asyncio.shield(sandbox.close())
+            finally:
+                self._finish(job)  # recorded whatever happened, even if the close was interrupted
 
     def _values(self, job: Job, sandbox: Sandbox) -> dict[str, str]:
         view = getattr(sandbox, "exe_view", None)

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from . import logfile
 from .logfile import LogError, _full_requests, _read_batches
 from .logschema import KIND_CALL, KIND_END, SCHEMA
 
@@ -117,17 +118,57 @@ def _end_record(table: pa.Table, path: Path) -> tuple[bool, float | None, dict[s
     return True, reward, metadata
 
 
+def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
+    """The last complete record batch of the (possibly concatenated, possibly torn) streams and
+    the number of batches, decoding message headers only: the end record is the last row, and
+    grouping must not pay for decompressing every prompt."""
+    data = pa.memory_map(str(path), "r").read_buffer() if path.stat().st_size else pa.py_buffer(b"")
+    pos, count, last = 0, 0, None
+    while pos < data.size:
+        src = pa.BufferReader(data.slice(pos))
+        try:
+            reader = pa.ipc.MessageReader.open_stream(src)
+            first = reader.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError) as exc:
+            if pos == 0:
+                raise LogError(f"{path}: not an Arrow IPC stream ({exc})") from exc
+            break  # torn tail
+        if first.type != "schema":
+            raise LogError(f"{path}: stream at byte {pos} does not start with a schema")
+        while True:
+            try:
+                msg = reader.read_next_message()
+            except (StopIteration, pa.ArrowInvalid, OSError):
+                break
+            if msg.type == "record batch":
+                count += 1
+                last = msg
+        end = pos + src.tell()
+        if end <= pos:
+            break
+        pos = end
+    if last is None:
+        return None, 0
+    try:
+        return pa.ipc.read_record_batch(last, SCHEMA), count
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise LogError(f"{path}: last record batch unreadable ({exc})") from exc
+
+
 def read_head(path: str | os.PathLike) -> EpisodeHead:
     path = Path(path)
     try:
-        table, _ = _table(path, ["kind", "reward", "metadata"])
+        batch, count = _last_batch(path)
+        table = pa.Table.from_batches([batch]) if batch is not None else SCHEMA.empty_table()
         finished, reward, metadata = _end_record(table, path)
     except LogError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise LogError(f"{path}: cannot read ({exc})") from exc
-    n_calls = sum(1 for k in table.column("kind").to_pylist() if k == KIND_CALL)
-    return EpisodeHead(path, episode_id_of(path), finished, reward, metadata, n_calls, path.stat().st_mtime)
+    return EpisodeHead(path, episode_id_of(path), finished, reward, metadata, count - int(finished),
+                       path.stat().st_mtime)
 
 
 def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
@@ -139,6 +180,18 @@ def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
     values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     valid = arr.is_valid().to_numpy(zero_copy_only=False)
     return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+
+
+def _prompt_tails(calls_t: pa.Table) -> list[np.ndarray | None]:
+    """The stored prompt tails as int32 arrays, whichever layout the log schema uses: a list
+    column, or packed (length + zstd frame, decoded by logfile.unpack) little-endian int32."""
+    names = calls_t.schema.names
+    if "prompt_tail_ids" in names:
+        return _list_column(calls_t.column("prompt_tail_ids"), np.int32)
+    if "prompt_tail_zstd" in names:
+        return [None if b is None else np.frombuffer(logfile.unpack(b), dtype="<i4").astype(np.int32, copy=False)
+                for b in calls_t.column("prompt_tail_zstd").to_pylist()]
+    raise LogError(f"log schema has no prompt tail column (columns: {names})")
 
 
 def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episode:
@@ -156,10 +209,15 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     table, torn = _table(path)
     finished, reward, metadata = _end_record(table, path)
     kinds = table.column("kind").to_numpy(zero_copy_only=False)
-    calls_t = table.filter(pa.array(kinds == KIND_CALL)) if len(kinds) else table
+    is_call = kinds == KIND_CALL
+    n_calls = int(is_call.sum())
+    if is_call[:n_calls].all():  # the usual layout: calls, then the end record: a zero-copy slice
+        calls_t = table.slice(0, n_calls)
+    else:
+        calls_t = table.filter(pa.array(is_call))
     bases = calls_t.column("prompt_base_row").to_numpy(zero_copy_only=False)
     lens = calls_t.column("prompt_base_len").to_numpy(zero_copy_only=False)
-    tails = _list_column(calls_t.column("prompt_tail_ids"), np.int32)
+    tails = _prompt_tails(calls_t)
     comps = _list_column(calls_t.column("completion_ids"), np.int32)
     lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,8 @@ def _full_prompts(table: pa.Table) -> list[list[int] | None]:
     """Undo the prefix compression; rows reference earlier rows by position."""
     bases = table.column("prompt_base_row").to_pylist()
     lens = table.column("prompt_base_len").to_pylist()
-    tails = table.column("prompt_tail_ids").to_numpy(zero_copy_only=False)
+    tails = [None if b is None else np.frombuffer(unpack(b), dtype="<i4")
+             for b in table.column("prompt_tail_zstd").to_pylist()]
     comps = table.column("completion_ids").to_numpy(zero_copy_only=False)
     seqs: list[np.ndarray | None] = []
     prompts: list[list[int] | None] = []
@@ -138,7 +140,7 @@ def _full_prompts(table: pa.Table) -> list[list[int] | None]:
 
 def _full_requests(table: pa.Table) -> list[str | None]:
     """Undo the request delta: each call row's request is relative to the previous call row's."""
-    mids = table.column("request").to_pylist()
+    mids = [None if b is None else unpack(b) for b in table.column("request_zstd").to_pylist()]
     pres = table.column("request_prefix_len").to_pylist()
     sufs = table.column("request_suffix_len").to_pylist()
     prev = b""
@@ -151,7 +153,7 @@ def _full_requests(table: pa.Table) -> list[str | None]:
         p, s = p or 0, s or 0
         if p + s > len(prev):
             raise LogError(f"row {i}: request delta needs {p}+{s} bytes of a {len(prev)}-byte base")
-        full = prev[:p] + mid.encode() + prev[len(prev) - s :]
+        full = prev[:p] + mid + prev[len(prev) - s :]
         out.append(full.decode())
         prev = full
     return out
@@ -179,9 +181,11 @@ def read_episode(path: str | os.PathLike) -> EpisodeLog:
         requests = _full_requests(calls)
     except LogError as exc:
         raise LogError(f"{path}: {exc}") from exc
-    calls = calls.set_column(calls.schema.get_field_index("request"), "request",
-                             pa.array(requests, type=pa.string()))
-    calls = calls.drop_columns(list(READ_DROP)).append_column(
+    responses = [None if b is None else unpack(b).decode() for b in calls.column("response_zstd").to_pylist()]
+    calls = calls.drop_columns(list(READ_DROP))
+    calls = calls.append_column("request", pa.array(requests, type=pa.string()))
+    calls = calls.append_column("response", pa.array(responses, type=pa.string()))
+    calls = calls.append_column(
         pa.field("prompt_ids", pa.list_(pa.int32())), pa.array(prompts, type=pa.list_(pa.int32()))
     )
     df = pl.from_arrow(calls)
@@ -248,9 +252,37 @@ class _Recent:
     seq: np.ndarray  # prompt + completion
 
 
-# zstd per buffer: token ids and JSON text of one call compress 2-4x; readers decompress
-# transparently (any Arrow IPC reader).
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+_OFFSETS_CACHE: dict[int, pa.Array] = {}
+
+
+def _one(value: Any, typ: pa.DataType) -> pa.Array:
+    """A one-row array. A numpy list value goes in as one buffer: pa.array([ndarray]) would walk
+    it element by element (~9 ms for 20k ids, the whole per-call budget)."""
+    if isinstance(value, np.ndarray) and pa.types.is_list(typ):
+        values = pa.array(value.astype(typ.value_type.to_pandas_dtype(), copy=False), type=typ.value_type)
+        offsets = pa.array(np.array([0, len(value)], dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, values, type=typ)
+    return pa.array([value], type=typ)
+
+
+_CODEC = pa.Codec("zstd", compression_level=3)
+_CODEC_LOCK = threading.Lock()
+
+
+def pack(data: bytes) -> bytes:
+    """4-byte little-endian raw length + one zstd frame (see logschema)."""
+    with _CODEC_LOCK:  # one reusable codec: a fresh zstd context per payload costs more than the data
+        return struct.pack("<I", len(data)) + _CODEC.compress(data, asbytes=True)
+
+
+def unpack(blob: bytes) -> bytes:
+    if len(blob) < 4:
+        raise LogError(f"packed payload of {len(blob)} bytes is too short")
+    (n,) = struct.unpack_from("<I", blob)
+    if n == 0:
+        return b""
+    with _CODEC_LOCK:
+        return _CODEC.decompress(blob[4:], decompressed_size=n, asbytes=True)
 
 
 def read_file_order_requests(path: Path) -> str | None:
@@ -279,7 +311,7 @@ class EpisodeWriter:
         self.finished = False
         self._recover()
         self._file = pa.OSFile(str(self.path), "ab")
-        self._writer = pa.ipc.new_stream(self._file, SCHEMA, options=_WRITE_OPTIONS)
+        self._writer = pa.ipc.new_stream(self._file, SCHEMA)
         self._sync()
 
     def _recover(self) -> None:
@@ -322,9 +354,7 @@ class EpisodeWriter:
             os.fsync(self._file.fileno())
 
     def _write(self, row: dict[str, Any]) -> None:
-        cols = []
-        for f in SCHEMA:
-            cols.append(pa.array([row.get(f.name)], type=f.type))
+        cols = [_one(row.get(f.name), f.type) for f in SCHEMA]
         self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=SCHEMA))
         self._sync()
 
@@ -339,7 +369,7 @@ class EpisodeWriter:
     ) -> int:
         """Write one call row; returns its row position. ``prompt_ids`` None means the server gave
         none (then ``error`` must say so); it is never stored as an empty list by accident."""
-        unknown = set(fields) - set(COLUMNS)
+        unknown = set(fields) - set(COLUMNS) - {"request", "response"}
         if unknown:
             raise ValueError(f"unknown log columns {sorted(unknown)}")
         with self._lock:
@@ -348,22 +378,24 @@ class EpisodeWriter:
             row = dict(fields)
             row.update(kind=KIND_CALL, episode_id=self.episode_id, call_index=call_index)
             row.setdefault("choice", 0)
-            req = row.get("request")
+            req = row.pop("request", None)
             if req is None:
-                row.update(request_prefix_len=None, request_suffix_len=None)
+                row.update(request_zstd=None, request_prefix_len=None, request_suffix_len=None)
                 self._last_request = b""
             else:
                 full = req.encode() if isinstance(req, str) else bytes(req)
                 p, s, mid = request_delta(self._last_request, full)
-                row.update(request=mid.decode(), request_prefix_len=p, request_suffix_len=s)
+                row.update(request_zstd=pack(mid), request_prefix_len=p, request_suffix_len=s)
                 self._last_request = full
+            resp = row.pop("response", None)
+            row["response_zstd"] = None if resp is None else pack(resp.encode() if isinstance(resp, str) else resp)
             comp = None if completion_ids is None else np.asarray(completion_ids, dtype=np.int32)
             row["completion_ids"] = comp
             row["completion_logprobs"] = (
                 None if completion_logprobs is None else np.asarray(completion_logprobs, dtype=np.float32)
             )
             if prompt_ids is None:
-                row.update(prompt_base_row=-1, prompt_base_len=0, prompt_tail_ids=None)
+                row.update(prompt_base_row=-1, prompt_base_len=0, prompt_tail_zstd=None)
             else:
                 prompt = np.asarray(prompt_ids, dtype=np.int32)
                 base, n = -1, 0
@@ -371,7 +403,8 @@ class EpisodeWriter:
                     k = _common_prefix(r.seq, prompt)
                     if k > n:
                         base, n = r.row, k
-                row.update(prompt_base_row=base, prompt_base_len=n, prompt_tail_ids=prompt[n:])
+                row.update(prompt_base_row=base, prompt_base_len=n,
+                           prompt_tail_zstd=pack(prompt[n:].astype("<i4", copy=False).tobytes()))
                 seq = prompt if comp is None else np.concatenate([prompt, comp])
                 self._recent.append(_Recent(self._rows, seq))
                 if len(self._recent) > self.keep:

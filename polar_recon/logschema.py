@@ -13,10 +13,13 @@ Rows are of two kinds:
 Prompts are stored compressed against an earlier row of the same episode: ``prompt_base_row``
 names the earlier call row by its position among the file's call rows (-1: none),
 ``prompt_base_len`` how many leading tokens of that row's prompt+completion sequence this prompt
-shares, and ``prompt_tail_ids`` the rest. Storing every
+shares, and ``prompt_tail_zstd`` the rest. Storing every
 full prompt would be O(N^2) in the number of turns. ``read_log`` always returns full prompt_ids.
-The request text is stored the same way (against the previous call row), and every record batch
-is zstd-compressed (Arrow IPC body compression), so a growing episode costs about its new tokens.
+The request text is stored the same way (against the previous call row). The three big payloads
+(prompt tail, request delta, response) are "packed": 4 bytes little-endian raw length, then one
+zstd frame. (Arrow IPC body compression was tried: it compresses all ~70 small buffers of a row
+with a fresh context each, ~1.5 ms CPU a row, more than the whole per-call budget of the proxy.)
+So a growing episode costs about its new tokens.
 """
 from __future__ import annotations
 
@@ -42,16 +45,17 @@ FIELDS: list[pa.Field] = [
     pa.field("t_start", pa.float64()),  # unix seconds: request received from the harness
     pa.field("t_first_byte", pa.float64()),  # first response byte from upstream
     pa.field("t_end", pa.float64()),  # response finished (or failed)
-    # JSON as the harness sent it, secrets redacted. On disk: only the part that differs from the
-    # previous call row's request (file order); the first request_prefix_len and last
-    # request_suffix_len UTF-8 bytes are that earlier request's. read_log returns it whole.
-    pa.field("request", pa.string()),
+    # read_log's `request`: JSON as the harness sent it, secrets redacted. On disk (packed, see
+    # below): only the part that differs from the previous call row's request (file order); the
+    # first request_prefix_len and last request_suffix_len UTF-8 bytes are that earlier request's.
+    pa.field("request_zstd", pa.binary()),
     pa.field("request_prefix_len", pa.int32()),
     pa.field("request_suffix_len", pa.int32()),
-    pa.field("response", pa.string()),  # JSON as the harness received it (streams reassembled)
+    # read_log's `response`: JSON as the harness received it (streams reassembled); packed UTF-8.
+    pa.field("response_zstd", pa.binary()),
     pa.field("prompt_base_row", pa.int32()),
     pa.field("prompt_base_len", pa.int32()),
-    pa.field("prompt_tail_ids", pa.list_(pa.int32())),
+    pa.field("prompt_tail_zstd", pa.binary()),  # packed int32 little-endian ids
     pa.field("completion_ids", pa.list_(pa.int32())),
     pa.field("completion_logprobs", pa.list_(pa.float32())),
     pa.field("finish_reason", pa.string()),
@@ -65,5 +69,6 @@ FIELDS: list[pa.Field] = [
 SCHEMA = pa.schema(FIELDS, metadata={b"polar.log.schema_version": str(SCHEMA_VERSION).encode()})
 COLUMNS = [f.name for f in FIELDS]
 
-# What read_log returns in place of the three compressed prompt columns.
-READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_ids", "request_prefix_len", "request_suffix_len")
+# The on-disk columns read_log replaces with `request`, `response` and full `prompt_ids`.
+READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_zstd", "request_zstd", "request_prefix_len",
+             "request_suffix_len", "response_zstd")

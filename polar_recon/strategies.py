@@ -107,7 +107,7 @@ class Retokenizer:
         self.end_text = "<|im_end|>"
 
     def render(self, request: dict[str, Any]) -> str:
-        messages = chat_messages(request)
+        messages = _parsed_arguments(chat_messages(request))
         kwargs = dict(request.get("chat_template_kwargs") or {})
         tools = chat_tools(request)
         return self.tok.apply_chat_template(
@@ -133,6 +133,26 @@ class Retokenizer:
                 n = min(len(sel), len(lp))
                 lps[sel[:n]] = lp[:n]
         return ids, mask, lps
+
+
+def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool-call argument strings parsed into objects, as vLLM does before templating."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = dict(m)
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") or {}
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        c = {**c, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+                    except json.JSONDecodeError:
+                        pass
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
 
 
 def _assistant_spans(text: str, head: str, end: str) -> list[tuple[int, int]]:
@@ -163,6 +183,7 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
             raise ReconError(f"{ep.path}: call {last.call_index}: request is not JSON ({exc})") from exc
         if not isinstance(request, dict):
             raise ReconError(f"{ep.path}: call {last.call_index}: no request recorded")
+        request = as_chat_request(request, last.info.get("api"))
         text = retok.render(request) + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False)
         ids, mask, lps = retok.sequence(text, [(c.completion, c.logprobs) for c in calls])
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
@@ -173,6 +194,22 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
 
 # ---------------------------------------------------------------------------------------------
 # request bodies of the four APIs as chat messages (what the template renders)
+
+
+def as_chat_request(request: dict[str, Any], api: str | None) -> dict[str, Any]:
+    """The chat-completions body the server rendered: Responses and Messages requests go through
+    the capture addon's own translator (what the proxy sent upstream); when the addon is not
+    importable, through the small translation below."""
+    if api not in ("responses", "messages"):
+        return request
+    try:
+        from addon.translate import translator_for
+    except ImportError:
+        return {"messages": chat_messages(request), "tools": chat_tools(request)}
+    try:
+        return translator_for("POST", f"/v1/{api}").request_to_chat(request, {})
+    except ValueError as exc:
+        raise ReconError(f"{api} request cannot be translated to chat: {exc}") from exc
 
 
 def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -242,6 +279,10 @@ def _responses_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
         t = it.get("type", "message")
         if t == "message":
             role = "system" if it.get("role") == "developer" else it.get("role", "user")
+            if role == "assistant" and out and out[-1]["role"] == "assistant" and not out[-1]["content"] \
+                    and not out[-1].get("tool_calls"):  # the reasoning item's turn
+                out[-1]["content"] = _text(it.get("content"))
+                continue
             out.append({"role": role, "content": _text(it.get("content"))})
         elif t == "function_call":
             call = {"type": "function", "id": it.get("call_id"), "function": {"name": it["name"], "arguments": it.get("arguments", "{}")}}

@@ -121,9 +121,11 @@ async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd:
     except asyncio.TimeoutError:
         timed_out = True
     except BaseException:  # cancelled (Ctrl-C): kill, then let the cancel go on
-        await _terminate(proc)
-        kill_group(proc.pid, signal.SIGKILL)
-        readers.cancel()
+        try:
+            await _terminate(proc)
+        finally:  # even if a second cancel cuts the grace period short
+            kill_group(proc.pid, signal.SIGKILL)
+            readers.cancel()
         raise
     if timed_out:
         await _terminate(proc)

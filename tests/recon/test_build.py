@@ -272,3 +272,27 @@ def test_console_script_runs(tmp_path):
     r = subprocess.run([str(exe), "build", str(logdir), str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "built 1 episodes" in r.stdout and (out / "shard-000000.parquet").exists()
+
+
+def test_end_record_scan_agrees_with_read_episode(tmp_path):
+    """Grouping reads only message headers and the last batch; it must agree with the full reader,
+    on torn, corrupt, unfinished and reopened (concatenated-stream) logs."""
+    from polar_recon import LogError, read_episode
+    from polar_recon.episodes import read_head
+
+    make_logdir(tmp_path)
+    w = EpisodeWriter(tmp_path / "re.arrow", "re")
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2, 3], completion_ids=[4], completion_logprobs=[-1.0])
+    w.close()
+    w = EpisodeWriter(tmp_path / "re.arrow", "re")
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2, 3, 4, 5], completion_ids=[6], completion_logprobs=[-1.0])
+    w.end(0.5, {"a": 1})
+    for p in sorted(tmp_path.glob("*.arrow")):
+        try:
+            e = read_episode(p)
+        except LogError:
+            with pytest.raises(LogError, match=p.name):
+                read_head(p)
+            continue
+        h = read_head(p)
+        assert (h.finished, h.reward, h.metadata, h.n_calls) == (e.finished, e.reward, e.metadata, e.calls.height), p.name

@@ -207,3 +207,25 @@ def test_config_refuses_misaligned_checkpoints_and_vllm(tmp_path):
         config(tmp_path, max_steps=-1)
     with pytest.raises(ValueError, match="group_size_policy"):
         config(tmp_path, group_size_policy="truncate")
+
+
+def test_train_grpo_script_and_resume(tmp_path, tiny_dir):
+    from trainer.train_grpo import main
+
+    p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
+    rows = [row(synthetic_seq(p, [500 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2)
+            for g in range(6) for e in range(2)]
+    write_shard(tmp_path / "shards", 1, rows)
+    argv = ["--shards", str(tmp_path / "shards"), "--model", str(tiny_dir), "--output_dir", str(tmp_path / "ckpt"),
+            "--num_generations", "2", "--per_device_train_batch_size", "4", "--use_cpu", "--bf16", "false",
+            "--gradient_checkpointing", "false", "--report_to", "none", "--save_steps", "1", "--shard_wait_timeout",
+            "10", "--disable_tqdm", "true", "--vllm_importance_sampling_mode", "token_truncate"]
+    t = main(argv + ["--max_steps", "1"])
+    assert t.args.vllm_importance_sampling_mode == "token_truncate" and t.state.global_step == 1
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    t2 = main(argv + ["--max_steps", "2", "--resume"])  # continues at step 1 with groups g2, g3
+    assert t2.state.global_step == 2
+    assert json.loads((tmp_path / "ckpt" / "checkpoint-2" / CURSOR_FILE).read_text())["group_offset"] == 4
+    with pytest.raises(SystemExit, match="--shards OUT is required"):
+        main(["--model", str(tiny_dir), "--output_dir", str(tmp_path / "x"), "--max_steps", "1", "--use_cpu",
+              "--bf16", "false"])

@@ -47,9 +47,10 @@ def test_sequence_truncate():
 def test_sequence_mask():
     r, st = is_ratio(OLD, BEH, MASK, "sequence_mask", 0.6, 3.0)
     close(r, [[0.0], [0.0]])  # 0.5 < 0.6 and 25 > 3: both masked
+    assert st["clipped_frac"] == 1.0
+    assert st["logp_diff_max"] == pytest.approx(math.log(5.0))  # per token, masked positions excluded
     r, _ = is_ratio(OLD, BEH, MASK, "sequence_mask", None, 30.0)
     close(r, [[0.5], [25.0]])
-    assert st["logp_diff_max"] == pytest.approx(2 * math.log(5.0) / 2 * 1)  # per-token |diff| max = ln5
 
 
 def test_nan_and_zero_mask_rows():

@@ -72,8 +72,10 @@ def build_chat_call(model, body: dict, dialect: str, served_name: str, script: d
     thinking = thinking_enabled(body)
     job = Job(prompt_ids, params, stop=stop_list(body), include_stop_str=bool(body.get("include_stop_str_in_output")))
     source = None
-    if script is not None:
-        reply = choose_reply(script, body, thinking)
+    reply = choose_reply(script, body, thinking) if script is not None else None
+    if reply is not None and reply.text is None:
+        job.delay, source = reply.delay, reply.source
+    elif reply is not None:
         forced = model.tokenizer.encode(reply.text, add_special_tokens=False) + [model.eos_ids[0]]
         if len(forced) > params.max_tokens:
             forced = forced[:params.max_tokens]

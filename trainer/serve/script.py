@@ -41,7 +41,8 @@ tool; `argument_names` {name: {from: to}} renames keys per tool. A key the chose
 does not declare is also renamed through the built-in aliases (command <-> cmd) when that
 makes it a declared key (Codex's `exec_command` takes `cmd`, Claude's `Bash` takes `command`).
 
-A reply may instead give `"text"`: the raw assistant output (without <|im_end|>), used verbatim.
+A reply may instead give `"text"`: the raw assistant output (without <|im_end|>), used verbatim,
+or `"sample": true`: the model samples this reply as without a script.
 Rendering: with thinking enabled, a reply without `reasoning` starts with the empty
 `<think>\\n\\n</think>\\n\\n` block, as Qwen3 does; with `enable_thinking: false` the prompt already
 holds that block, so the reply starts with its content.
@@ -57,7 +58,7 @@ from .render import RequestError
 
 ALIASES = {"command": ("cmd",), "cmd": ("command",)}
 TURN_MODES = ("assistant_after_last_user", "assistant_total", "tool_results")
-REPLY_KEYS = {"reasoning", "content", "tool_calls", "delay", "text"}
+REPLY_KEYS = {"reasoning", "content", "tool_calls", "delay", "text", "sample"}
 WHEN_KEYS = {"tools", "tool_declared", "last_user_contains", "system_contains", "any_contains", "turn", "stream"}
 
 
@@ -67,7 +68,7 @@ class ScriptError(ValueError):
 
 @dataclass
 class ScriptedReply:
-    text: str          # the assistant output, without the end-of-turn token
+    text: str | None   # the assistant output, without the end-of-turn token; None = let the model sample
     delay: float
     source: str        # "turn 0", "rule 1", "fallback": for logs and tests
 
@@ -230,4 +231,6 @@ def choose_reply(script: dict, body: dict, thinking: bool) -> ScriptedReply:
 
 
 def _make(reply: dict, body: dict, thinking: bool, where: str) -> ScriptedReply:
+    if reply.get("sample"):
+        return ScriptedReply(None, float(reply.get("delay", 0.0)), where)
     return ScriptedReply(render_reply(reply, body, thinking, where), float(reply.get("delay", 0.0)), where)

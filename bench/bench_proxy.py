@@ -1,0 +1,302 @@
+"""What the capture addon costs: direct vs bare mitmdump (streaming on) vs mitmdump + polar addon,
+side by side in one run, requests interleaved across the three paths.
+
+    .venv/bin/python bench/bench_proxy.py            # default run, about 2 minutes
+    .venv/bin/python bench/bench_proxy.py --quick    # smaller counts, for a smoke check
+
+Backend: bench/fake_backend.py speaking vLLM's shapes with ids (non-streaming answers at once;
+streams of 60 chunks 5 ms apart, first after 20 ms: the anchors of proxy-performance.md).
+Request body: the real 79 KB Qwen Code request (tests/fixtures/harness-requests/qwen-code.jsonl).
+Reports: per-call latency p50/p99 and the added ms, time to first chunk, calls/s with 64 and 256
+concurrent streams, proxy CPU per call (psutil on the mitmdump pid), peak RSS, log bytes per call,
+and the log size of a 50-call episode whose prompts grow by ~1,500 tokens a call, against the
+bytes of its distinct tokens (4 bytes a token), with prompt ids from the real Qwen3 tokenizer.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.addon.procs import fake_backend, mitmdump  # noqa: E402  (the same process helpers as the tests)
+
+from polar_recon import read_episode  # noqa: E402
+
+QWEN = REPO / "tests" / "fixtures" / "harness-requests" / "qwen-code.jsonl"
+TOKENIZER = REPO / "data" / "tokenizers" / "qwen3" / "tokenizer.json"
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+class Sampler:
+    """Peak RSS of the proxy processes while a phase runs."""
+
+    def __init__(self, procs: dict[str, psutil.Process]):
+        self.procs = procs
+        self.peak = {k: 0 for k in procs}
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.peak = {k: 0 for k in self.procs}
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            for k, p in self.procs.items():
+                try:
+                    self.peak[k] = max(self.peak[k], p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+async def one_call(session, url, data: bytes, headers, stream: bool):
+    """(ok, total seconds, seconds to first body chunk)."""
+    t0 = time.perf_counter()
+    ttfc = None
+    try:
+        async with session.post(url, data=data, headers=headers) as r:
+            if stream:
+                tail = b""
+                async for chunk in r.content.iter_any():
+                    if ttfc is None:
+                        ttfc = time.perf_counter() - t0
+                    tail = (tail + chunk)[-32:]
+                ok = r.status == 200 and tail.endswith(b"data: [DONE]\n\n")
+            else:
+                body = await r.read()
+                ttfc = time.perf_counter() - t0
+                ok = r.status == 200 and body.startswith(b"{")
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        ok = False
+    return ok, time.perf_counter() - t0, ttfc
+
+
+def body_bytes(stream: bool) -> bytes:
+    body = json.loads(QWEN.read_text().splitlines()[0])["body"]
+    body["stream"] = stream
+    if not stream:
+        body.pop("stream_options", None)
+    body["max_tokens"] = 60
+    return json.dumps(body).encode()
+
+
+async def sequential(paths, data, stream, n, session):
+    """n calls per path, interleaved path by path; returns per path (latencies, ttfcs, errors)."""
+    out = {k: ([], [], 0) for k in paths}
+    for i in range(n):
+        for k, url in paths.items():
+            ok, t, f = await one_call(session, url, data, {"x-polar-episode": f"seq-{k}", "content-type": "application/json"}, stream)
+            lat, tt, err = out[k]
+            if ok:
+                lat.append(t)
+                tt.append(f)
+            out[k] = (lat, tt, err + (not ok))
+    return out
+
+
+async def concurrent(url, data, conc, per_client, label):
+    """conc clients, each doing per_client streaming calls back to back; returns (calls/s, errors)."""
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+        async def client(i):
+            errs = 0
+            for _ in range(per_client):
+                ok, _, _ = await one_call(s, url, data, {"x-polar-episode": f"{label}-{i}",
+                                                        "content-type": "application/json"}, True)
+                errs += not ok
+            return errs
+
+        t0 = time.perf_counter()
+        errs = sum(await asyncio.gather(*(client(i) for i in range(conc))))
+        dt = time.perf_counter() - t0
+    return conc * per_client / dt, errs
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.glob("*.arrow")) if d.exists() else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the growing episode
+
+
+def growing_messages(base: dict, n_calls: int, grow_tokens: int, tok):
+    """Requests of one agent episode: each adds the model's reply and a ~grow_tokens tool result
+    (real code text from the installed packages, so the tokens and text are realistic)."""
+    src = [p for p in sorted((Path(psutil.__file__).parent).glob("*.py"))]
+    text = "".join(p.read_text(errors="replace") for p in src)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    pos = 0
+    msgs = list(base["messages"])
+    for i in range(n_calls):
+        yield {**base, "messages": list(msgs)}
+        piece = tok.decode(ids[pos: pos + grow_tokens])
+        pos += grow_tokens
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"f{i}.py"})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": piece})
+
+
+async def growing_episode(url: str, logdir: Path, n_calls: int, grow: int):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    base = json.loads(QWEN.read_text().splitlines()[0])["body"]
+    base["max_tokens"] = 40
+    async with aiohttp.ClientSession() as s:
+        for body in growing_messages(base, n_calls, grow, tok):
+            ok, _, _ = await one_call(s, url, json.dumps(body).encode(),
+                                      {"x-polar-episode": "growing", "content-type": "application/json"}, True)
+            assert ok, "growing-episode call failed"
+    ep = read_episode(logdir / "growing.arrow")
+    last = ep.calls.row(ep.calls.height - 1, named=True)
+    distinct = len(last["prompt_ids"]) + len(last["completion_ids"])
+    size = (logdir / "growing.arrow").stat().st_size
+    grows = [len(b) - len(a) for a, b in zip(ep.calls["prompt_ids"].to_list(), ep.calls["prompt_ids"].to_list()[1:])]
+    return dict(calls=ep.calls.height, file_bytes=size, distinct_tokens=distinct, distinct_bytes=distinct * 4,
+                ratio=size / (distinct * 4), mean_growth_tokens=statistics.mean(grows) if grows else 0,
+                request_text_bytes=sum(len(r.encode()) for r in ep.calls["request"].to_list()))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def run(args, paths, procs, logdir):
+    res: dict = {}
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        nonstream, stream = body_bytes(False), body_bytes(True)
+        await sequential(paths, nonstream, False, 5, s)  # warm up (connections, dialect, imports)
+        await sequential(paths, stream, True, 2, s)
+        c0 = {k: cpu(p) for k, p in procs.items()}
+        r = await sequential(paths, nonstream, False, args.n, s)
+        c1 = {k: cpu(p) for k, p in procs.items()}
+        res["nonstream"] = {k: dict(p50=pct(v[0], 50) * 1e3, p99=pct(v[0], 99) * 1e3, errors=v[2]) for k, v in r.items()}
+        res["cpu_nonstream_ms"] = {k: (c1[k] - c0[k]) / args.n * 1e3 for k in procs}
+        c0 = {k: cpu(p) for k, p in procs.items()}
+        r = await sequential(paths, stream, True, args.n_stream, s)
+        c1 = {k: cpu(p) for k, p in procs.items()}
+        res["stream"] = {k: dict(ttfc_p50=pct(v[1], 50) * 1e3, ttfc_p99=pct(v[1], 99) * 1e3, total_p50=pct(v[0], 50) * 1e3,
+                                 errors=v[2]) for k, v in r.items()}
+        res["cpu_stream_ms"] = {k: (c1[k] - c0[k]) / args.n_stream * 1e3 for k in procs}
+    for conc, rounds in ((64, args.rounds64), (256, args.rounds256)):
+        res[f"c{conc}"] = {}
+        for k, url in paths.items():
+            sampler = Sampler({k: procs[k]} if k in procs else {})
+            with sampler:
+                rate, errs = await concurrent(url, stream, conc, rounds, f"c{conc}-{k}")
+            res[f"c{conc}"][k] = dict(calls_per_s=rate, errors=errs, peak_rss_mib=sampler.peak.get(k, 0) / 2**20)
+    calls = sum(1 for _ in logdir.glob("*.arrow"))
+    total_calls = sum(read_episode(p).calls.height for p in logdir.glob("*.arrow"))
+    res["log"] = dict(files=calls, calls=total_calls, bytes=dir_bytes(logdir),
+                      bytes_per_call=dir_bytes(logdir) / max(1, total_calls))
+    return res
+
+
+def report(res, growing, args):
+    paths = list(res["nonstream"])
+    w = 14
+    print(f"\n{'':28}" + "".join(f"{k:>{w}}" for k in paths))
+
+    def line(name, vals, fmt="{:.2f}"):
+        print(f"{name:28}" + "".join(f"{(fmt.format(v) if v is not None else '-'):>{w}}" for v in vals))
+
+    ns, st = res["nonstream"], res["stream"]
+    line("non-stream p50 ms", [ns[k]["p50"] for k in paths])
+    line("non-stream p99 ms", [ns[k]["p99"] for k in paths])
+    line("first chunk p50 ms", [st[k]["ttfc_p50"] for k in paths])
+    line("first chunk p99 ms", [st[k]["ttfc_p99"] for k in paths])
+    line("stream total p50 ms", [st[k]["total_p50"] for k in paths])
+    line("64 streams calls/s", [res["c64"][k]["calls_per_s"] for k in paths], "{:.1f}")
+    line("256 streams calls/s", [res["c256"][k]["calls_per_s"] for k in paths], "{:.1f}")
+    line("errors (all phases)", [ns[k]["errors"] + st[k]["errors"] + res["c64"][k]["errors"] + res["c256"][k]["errors"]
+                                 for k in paths], "{:d}")
+    line("proxy CPU/non-stream ms", [res["cpu_nonstream_ms"].get(k) for k in paths])
+    line("proxy CPU/stream call ms", [res["cpu_stream_ms"].get(k) for k in paths])
+    line("peak RSS 64 streams MiB", [res["c64"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
+    line("peak RSS 256 streams MiB", [res["c256"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
+    b, a = "bare+stream", "polar"
+    print("\naddon vs bare mitmdump (streaming on):")
+    print(f"  added non-stream p50 {ns[a]['p50'] - ns[b]['p50']:+.2f} ms (target <= 1), "
+          f"p99 {ns[a]['p99'] - ns[b]['p99']:+.2f} ms")
+    print(f"  added first-chunk p50 {st[a]['ttfc_p50'] - st[b]['ttfc_p50']:+.2f} ms (target <= 2)")
+    print(f"  addon proxy CPU per 80 KB non-stream call {res['cpu_nonstream_ms'][a]:.2f} ms (target <= 2.5)")
+    print(f"  peak RSS at 64 streams {res['c64'][a]['peak_rss_mib']:.0f} MiB (target <= 300); "
+          f"256 streams errors {res['c256'][a]['errors']} (target 0)")
+    lg = res["log"]
+    print(f"  log: {lg['calls']} calls in {lg['files']} episodes, {lg['bytes_per_call']:.0f} bytes per call "
+          f"(repeated 80 KB request)")
+    g = growing
+    print(f"\ngrowing episode: {g['calls']} calls, prompts grow {g['mean_growth_tokens']:.0f} tokens a call; "
+          f"log {g['file_bytes']} bytes vs {g['distinct_tokens']} distinct tokens x 4 = {g['distinct_bytes']} bytes: "
+          f"ratio {g['ratio']:.2f} (target <= 1.5); full request texts would be {g['request_text_bytes']} bytes")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small counts (smoke check)")
+    ap.add_argument("--n", type=int, default=150, help="non-stream calls per path")
+    ap.add_argument("--n-stream", type=int, default=20, help="sequential streaming calls per path")
+    ap.add_argument("--rounds64", type=int, default=3)
+    ap.add_argument("--rounds256", type=int, default=2)
+    ap.add_argument("--grow-calls", type=int, default=50)
+    ap.add_argument("--grow-tokens", type=int, default=1500)
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.n_stream, args.rounds64, args.rounds256, args.grow_calls = 20, 4, 1, 1, 10
+    with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        logdir = work / "logs"
+        be = stack.enter_context(fake_backend(work, "vllm", chunks=60, gap_ms=5, first_ms=20))
+        bare = stack.enter_context(mitmdump(work, work / "unused", upstream=be.url, addon=False,
+                                            sets={"scripts": str(REPO / "bench" / "stream_on.py")}))
+        polar = stack.enter_context(mitmdump(work, logdir, upstream=be.url, sets={"polar_dialect": "vllm"}))
+        paths = {"direct": be.url + "/v1/chat/completions", "bare+stream": bare.url + "/v1/chat/completions",
+                 "polar": polar.url + "/v1/chat/completions"}
+        procs = {"bare+stream": psutil.Process(bare.pid), "polar": psutil.Process(polar.pid)}
+        t0 = time.time()
+        res = asyncio.run(run(args, paths, procs, logdir))
+        # the growing episode needs real prompt ids: a backend that tokenizes with the Qwen3 tokenizer
+        glog = work / "glogs"
+        tb = stack.enter_context(fake_backend(work, "vllm", chunks=40, tokenizer=str(TOKENIZER)))
+        gp = stack.enter_context(mitmdump(work, glog, upstream=tb.url, sets={"polar_dialect": "vllm"}))
+        growing = asyncio.run(growing_episode(gp.url + "/v1/chat/completions", glog, args.grow_calls, args.grow_tokens))
+        report(res, growing, args)
+        print(f"\n(bench wall time {time.time() - t0:.0f} s; machine: {os.cpu_count()} CPUs, shared)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"results": res, "growing": growing}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

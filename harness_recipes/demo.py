@@ -1,0 +1,134 @@
+"""`make demo`: the whole loop on a fresh machine, on the CPU, in a few minutes.
+
+1. install the harness CLI (Pi by default) into .cache/harnesses/
+2. build the tiny random Qwen3 (real tokenizer and chat template) into .cache/tiny-qwen3/
+3. start polar-serve in scripted mode (the script makes the tiny model fix the sample tasks)
+   and mitmdump with the Polar addon in front of it
+4. polar-rollout: the real harness CLI on data/tasks/, 2 samples per task, pipelined
+5. polar-recon build: token-faithful shards
+6. a few GRPO steps with trainer/train_grpo.py on those shards
+7. a summary: episodes, rewards, trainable tokens, where the files are
+
+    python -m harness_recipes.demo [--harness pi|qwen-code|codex|claude-code] [--out runs/demo]
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .install import ensure_installed, installed_version
+from .recipe import load_recipe
+from .stack import ROOT, capture_proxy, serve
+
+TASKS = ROOT / "data" / "tasks" / "tasks.jsonl"
+SCRIPT = ROOT / "data" / "tasks" / "scripts" / "fix_tasks.json"
+TINY = ROOT / ".cache" / "tiny-qwen3"  # same cache and marker as tests/support/servers.py
+
+
+def step(msg: str) -> None:
+    print(f"\n==> {msg}", flush=True)
+
+
+def tiny_model() -> Path:
+    done = TINY / ".complete"
+    if done.is_file():
+        return TINY
+    TINY.parent.mkdir(parents=True, exist_ok=True)
+    with open(TINY.parent / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            from trainer.serve.tiny import make_tiny
+            make_tiny(TINY, seed=0)
+            done.write_text("ok\n")
+    return TINY
+
+
+def run(cmd: list[str], timeout: float) -> None:
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: command failed with exit {proc.returncode}: {' '.join(cmd)}")
+
+
+def rollout(harness: str, proxy: str, logdir: Path, out: Path, samples: int) -> None:
+    run([sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", harness, "--tasks", str(TASKS),
+         "--samples", str(samples), "--proxy", proxy, "--logdir", str(logdir), "--out", str(out),
+         "--concurrency", "2", "--prewarm", "2", "--recon", "none"], timeout=1800)
+
+
+def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int) -> None:
+    run([sys.executable, "-m", "trainer.train_grpo", "--model", str(model), "--shards", str(shards),
+         "--output_dir", str(ckpt), "--max_steps", str(steps), "--num_generations", str(samples),
+         "--per_device_train_batch_size", str(samples), "--learning_rate", "1e-5", "--logging_steps", "1",
+         "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--save_strategy", "no",
+         "--gradient_checkpointing", "false", "--shard_wait_timeout", "60", "--torch_threads", "2"], timeout=1800)
+
+
+def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> dict:
+    import polars as pl
+    recs = [json.loads(x) for x in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
+    df = pl.read_parquet(shards / "shard-*.parquet")
+    trainable = int(sum(sum(m) for m in df["loss_mask"].to_list()))
+    info = {
+        "episodes": len(recs),
+        "statuses": {s: sum(r["status"] == s for r in recs) for s in sorted({r["status"] for r in recs})},
+        "mean_reward": round(sum(r["reward"] for r in recs) / max(len(recs), 1), 3),
+        "model_calls": sum(r.get("n_calls", 0) for r in recs),
+        "sequences": df.height,
+        "tokens": int(sum(len(x) for x in df["input_ids"].to_list())),
+        "trainable_tokens": trainable,
+        "capture_logs": str(logdir),
+        "shards": str(shards),
+        "rollout_records": str(out / "rollout" / "episodes.jsonl"),
+        "checkpoint_dir": str(ckpt),
+        "wall_seconds": round(wall, 1),
+    }
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--harness", default="pi", help="recipe name (default pi: the quickest on a CPU)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "demo"), help="where everything is written")
+    ap.add_argument("--samples", type=int, default=2, help="episodes per task (the GRPO group size)")
+    ap.add_argument("--steps", type=int, default=2, help="GRPO optimizer steps")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    base = Path(args.out).resolve()
+    if base.exists():
+        shutil.rmtree(base)  # a demo starts clean; real runs resume instead (polar-rollout run)
+    logdir, out, shards, ckpt = base / "logs", base, base / "shards", base / "ckpt"
+
+    step(f"install the {args.harness} harness CLI (.cache/harnesses/)")
+    recipe = load_recipe(args.harness)
+    ensure_installed(recipe)
+    print(f"{recipe.name}: {installed_version(recipe)}")
+    step("build the tiny Qwen3 model (real tokenizer + chat template, random weights)")
+    model = tiny_model()
+    print(model)
+    step("start polar-serve (scripted) and mitmdump with the Polar addon")
+    with serve(model, script=SCRIPT) as srv, capture_proxy(srv.url, logdir) as proxy:
+        print(f"polar-serve {srv.url}  <-  mitmdump {proxy.url}  (logs: {logdir})")
+        step(f"polar-rollout: {recipe.name} on {TASKS.relative_to(ROOT)}, {args.samples} samples per task")
+        rollout(recipe.name, proxy.url, logdir, out, args.samples)
+    step("polar-recon build: token-faithful shards")
+    run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(shards),
+         "--group-size", str(args.samples)], timeout=600)
+    step(f"GRPO: {args.steps} steps with TRL on the shards")
+    train(model, shards, ckpt, args.samples, args.steps)
+    info = summary(out, logdir, shards, ckpt, time.monotonic() - t0)
+    step("summary")
+    for k, v in info.items():
+        print(f"  {k:18} {v}")
+    (base / "summary.json").write_text(json.dumps(info, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Golden field layouts (key order included) of the real servers' responses.
+
+Derived by reading the pydantic models of the released sources through the code index (no GPU
+needed, but vllm/sglang cannot be installed here) and wire-formats.md's byte-exact findings:
+- vLLM 0.33 `entrypoints/openai/chat_completion/protocol.py`: ChatCompletionResponse (id, object,
+  created, model, choices, service_tier, system_fingerprint, usage, prompt_logprobs,
+  prompt_token_ids, prompt_text, kv_transfer_params), ChatCompletionResponseChoice (index, message,
+  logprobs, finish_reason, stop_reason, token_ids), ChatMessage (role, content, refusal,
+  annotations, audio, function_call, tool_calls [dropped when empty], reasoning),
+  ChatCompletionLogProbsContent (token, logprob, bytes, top_logprobs). Non-streaming answers are
+  full dumps; stream chunks are exclude_unset dumps (see dialect_vllm.py).
+  Left out on purpose: fields added after 0.33 (routed_experts, ec_transfer_params, metrics).
+- SGLang 0.5.23 `srt/entrypoints/openai/protocol.py`: ChatCompletionResponse (id, object, created,
+  model, choices, usage, metadata; sglext dropped when None), ChatCompletionResponseChoice (index,
+  message, logprobs, finish_reason, matched_stop; hidden_states / prompt_token_ids / token ids /
+  meta_info dropped when None), ChatMessage (role, content, reasoning_content, tool_calls),
+  DeltaMessage (role, content, reasoning_content, tool_calls), stream choice (index, delta,
+  logprobs, finish_reason, matched_stop), UsageInfo (prompt_tokens, total_tokens,
+  completion_tokens, prompt_tokens_details, reasoning_tokens). The token-id field of the choice is
+  `response_token_ids` as wire-formats.md records for 0.5.23 (later sources name it `token_ids`).
+"""
+VLLM_CHAT = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
+             "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params"]
+VLLM_CHOICE = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids"]
+VLLM_MESSAGE = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
+VLLM_MESSAGE_TOOLS = ["role", "content", "refusal", "annotations", "audio", "function_call", "tool_calls", "reasoning"]
+VLLM_LOGPROB = ["token", "logprob", "bytes", "top_logprobs"]
+VLLM_FIRST_CHUNK = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
+VLLM_CHUNK = ["id", "object", "created", "model", "choices", "kv_transfer_params"]
+VLLM_USAGE_CHUNK = ["id", "object", "created", "model", "choices", "usage"]
+VLLM_COMPLETION_CHOICE = ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                          "prompt_logprobs", "prompt_token_ids"]
+
+SGL_CHAT = ["id", "object", "created", "model", "choices", "usage", "metadata"]
+SGL_CHOICE = ["index", "message", "logprobs", "finish_reason", "matched_stop"]
+SGL_MESSAGE = ["role", "content", "reasoning_content", "tool_calls"]
+SGL_LOGPROB = ["token", "bytes", "logprob", "top_logprobs"]
+SGL_CHUNK = ["id", "object", "created", "model", "choices", "usage"]
+SGL_STREAM_CHOICE = ["index", "delta", "logprobs", "finish_reason", "matched_stop"]
+SGL_DELTA = ["role", "content", "reasoning_content", "tool_calls"]
+SGL_USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "reasoning_tokens"]

@@ -1,0 +1,273 @@
+"""Closed loop on the CPU: polar-serve -> mitmdump + addon -> a small agent -> polar-recon watch ->
+PolarGRPOTrainer -> /polar/reload, for several iterations; the mean reward must rise.
+
+    .venv/bin/python -m trainer.closed_loop --workdir /tmp/loop [--steps 8] [--group-size 4] [--groups 2]
+
+Processes (all real, all on 127.0.0.1, all stopped by pid): polar-serve serving the tiny Qwen3 with
+``--weight-version 0``; mitmdump in reverse mode with addon/polar_addon.py writing LOGDIR;
+``polar-recon watch LOGDIR OUT --group-size G`` writing shards. In this process: the agent (a thread)
+and the trainer (main thread).
+
+Synchronous on-policy schedule: agent iteration k waits until the server serves weight_version k,
+runs `groups` groups of G episodes (one chat call each, through the proxy, episode id in the
+``x-polar-episode`` header), scores each answer and ends the episode with
+``POST /polar/<episode>/end {"reward": r, "metadata": {"group_id": ...}}``. Recon turns finished
+groups into shards; trainer step k+1 consumes iteration k's groups and syncs weights (version k+1).
+
+The task (learnable from a random model): the answer must contain a target word. The target is the
+decoded token that, before training, appears in about a third of the sampled answers (measured by
+calling polar-serve directly, outside the proxy, so calibration never reaches the training data).
+
+Sampling uses top_k (a random tiny model is near-uniform over 151936 tokens: without truncation no
+answer would ever contain the target). TRL's trainer log-probs are full-softmax, so pi/mu on a sampled
+token is the top-k mass (~1e-4 here) and the importance ratio would zero every advantage; the loop
+therefore trains with ``vllm_importance_sampling_correction=False``. The correction itself is proven
+by tests/trainer (same temperature, no truncation: ratio 1; shifted behaviour logprobs: the exact
+expected ratios and clips).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class LoopConfig:
+    workdir: Path
+    model_dir: Path | None = None
+    steps: int = 8
+    groups: int = 2  # groups per iteration (per training step)
+    group_size: int = 4  # episodes per group = num_generations
+    max_tokens: int = 4
+    temperature: float = 1.0
+    top_k: int = 10
+    learning_rate: float = 2e-2
+    calibration_samples: int = 24
+    target_fraction: float = 0.35
+    prompt: str = "Name one thing."
+    dialect: str = "vllm"
+    timeout: float = 120.0
+
+
+@dataclass
+class LoopResult:
+    target: str
+    calibration_fraction: float
+    rewards: list[float] = field(default_factory=list)  # mean reward per iteration
+    versions: list[str] = field(default_factory=list)  # weight version each iteration sampled from
+    syncs: list[dict] = field(default_factory=list)
+    shards: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"target {self.target!r} (calibrated {self.calibration_fraction:.2f}); mean reward per iteration "
+                f"{[round(r, 2) for r in self.rewards]}; versions {self.versions}; {self.shards} shards; "
+                f"{len(self.syncs)} syncs; {self.seconds:.0f}s")
+
+
+# -- processes ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])), timeout=0.2):
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not listening after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], log: Path, url: str | None = None, timeout: float = 120.0):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
+    try:
+        if url:
+            wait_http(url, proc, log, timeout)
+        yield proc
+    finally:  # stop what we started, by pid
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(15)
+
+
+def http(method: str, url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 120.0):
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+@contextlib.contextmanager
+def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int | None = None,
+          timeout: float = 120.0):
+    """polar-serve + mitmdump/addon (+ ``polar-recon watch`` when group_size is given); yields the two URLs.
+    Logs go to WORK/logs, shards to WORK/shards, process output to WORK/*.log."""
+    logdir = work / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    sp, pp = free_port(), free_port()
+    serve_url, proxy_url = f"http://127.0.0.1:{sp}", f"http://127.0.0.1:{pp}"
+    serve_cmd = [sys.executable, "-m", "trainer.serve.cli", "--model", str(model_dir), "--dialect", dialect,
+                 "--host", "127.0.0.1", "--port", str(sp), "--weight-version", "0", "--threads", "1"]
+    proxy_cmd = [str(VENV_BIN / "mitmdump"), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(pp),
+                 "--set", f"confdir={work / 'mitmconf'}", "--mode", f"reverse:{serve_url}",
+                 "-s", str(REPO / "addon" / "polar_addon.py"), "--set", f"polar_logdir={logdir}"]
+    recon_cmd = [str(VENV_BIN / "polar-recon"), "watch", str(logdir), str(work / "shards"),
+                 "--group-size", str(group_size), "--poll", "0.2"]
+    with contextlib.ExitStack() as es:
+        es.enter_context(process(serve_cmd, work / "serve.log", serve_url, timeout))
+        es.enter_context(process(proxy_cmd, work / "mitmdump.log", proxy_url, timeout))
+        if group_size is not None:
+            es.enter_context(process(recon_cmd, work / "recon.log"))
+        yield serve_url, proxy_url
+
+
+# -- the agent --------------------------------------------------------------------------------------
+def answer_text(resp: dict) -> str:
+    msg = resp["choices"][0]["message"]
+    return (msg.get("content") or "") + (msg.get("reasoning") or msg.get("reasoning_content") or "")
+
+
+def chat_body(cfg: LoopConfig, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": cfg.prompt}], "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": 1.0, **extra}
+
+
+def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
+    """Pick a target word present in about target_fraction of the untrained model's answers."""
+    texts, cands = [], Counter()
+    for _ in range(cfg.calibration_samples):
+        r = http("POST", serve_url + "/v1/chat/completions", chat_body(cfg, return_token_ids=True))
+        texts.append(answer_text(r))
+        for t in set(r["choices"][0].get("token_ids") or []):
+            s = tokenizer.decode([t]).strip()
+            if len(s) >= 2:  # short fragments match by accident
+                cands[s] += 1
+    if not cands:
+        raise RuntimeError("calibration: no usable token in the sampled answers")
+    frac = {s: sum(s in x for x in texts) / len(texts) for s in cands}
+    target = min(frac, key=lambda s: (abs(frac[s] - cfg.target_fraction), s))
+    return target, frac[target]
+
+
+def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, result: LoopResult,
+              errors: list) -> None:
+    try:
+        for it in range(cfg.steps):
+            deadline = time.monotonic() + cfg.timeout
+            while (v := http("GET", serve_url + "/polar/weight_version")["weight_version"]) != str(it):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"iteration {it}: server still at weight_version {v}")
+                time.sleep(0.05)
+            rewards = []
+            for g in range(cfg.groups):
+                gid = f"it{it:03d}-g{g}"
+                for e in range(cfg.group_size):
+                    ep = f"{gid}-e{e}"
+                    r = http("POST", proxy_url + "/v1/chat/completions", chat_body(cfg), {"x-polar-episode": ep})
+                    reward = float(target in answer_text(r))
+                    http("POST", f"{proxy_url}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}})
+                    rewards.append(reward)
+            result.rewards.append(sum(rewards) / len(rewards))
+            result.versions.append(v)
+    except Exception as e:  # surfaced by the main thread
+        errors.append(e)
+
+
+# -- the loop ---------------------------------------------------------------------------------------
+def run_closed_loop(cfg: LoopConfig) -> LoopResult:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
+
+    t0 = time.monotonic()
+    work = Path(cfg.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "shards"
+    if cfg.model_dir is None:
+        from tests.support.servers import tiny_model_dir
+        cfg.model_dir = tiny_model_dir()
+    tok = AutoTokenizer.from_pretrained(str(cfg.model_dir))
+    with stack(work, cfg.model_dir, cfg.dialect, group_size=cfg.group_size, timeout=cfg.timeout) as (serve_url,
+                                                                                                  proxy_url):
+        target, frac = calibrate(cfg, serve_url, tok)
+        result = LoopResult(target, frac)
+        errors: list = []
+        agent = threading.Thread(target=run_agent, args=(cfg, proxy_url, serve_url, target, result, errors),
+                                 daemon=True)
+        agent.start()
+        args = PolarGRPOConfig(
+            output_dir=str(work / "ckpt"), shards=str(out), max_steps=cfg.steps,
+            per_device_train_batch_size=cfg.groups * cfg.group_size, num_generations=cfg.group_size,
+            learning_rate=cfg.learning_rate, temperature=cfg.temperature, beta=0.0, logging_steps=1,
+            save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
+            disable_tqdm=True, shard_poll_interval=0.1, shard_wait_timeout=cfg.timeout,
+            vllm_importance_sampling_correction=False, sync_server=serve_url, sync_steps=1, sync_keep=2)
+        model = AutoModelForCausalLM.from_pretrained(str(cfg.model_dir), dtype=torch.float32)
+        trainer = PolarGRPOTrainer(model=model, args=args, processing_class=tok)
+        try:
+            trainer.train()
+        except Exception:
+            if errors:
+                raise errors[0]
+            raise
+        agent.join(cfg.timeout)
+        if errors:
+            raise errors[0]
+        from trainer.weight_sync import WeightSyncCallback
+        sync = next(c for c in trainer.callback_handler.callbacks if isinstance(c, WeightSyncCallback))
+        result.syncs = sync.syncs
+        result.shards = trainer.shard_source.stats.shards_read
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def main(argv=None):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(a.threads)
+    r = run_closed_loop(LoopConfig(a.workdir, a.model, steps=a.steps, groups=a.groups, group_size=a.group_size,
+                                   learning_rate=a.lr))
+    print(r.summary())
+    return r
+
+
+if __name__ == "__main__":
+    main()
