@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import orjson
 
 from .dialects import Plan
 
@@ -26,6 +27,21 @@ def dumps_like_python(obj: Any) -> bytes:
 _FIRST_SEP = re.compile(rb'\A\s*[\[{]\s*"(?:[^"\\]|\\.)*"(\s*):(\s*)')
 _HIGH_ESCAPE = re.compile(rb"\\u(?:00[89a-fA-F]|0[1-9a-fA-F]|[1-9a-fA-F])")
 _DUMPERS: dict[tuple[str, str, bool], Callable[[Any], bytes]] = {}
+COMPACT_UTF8 = (",", ":", False)
+
+
+def dumps_fast(obj: Any) -> bytes:
+    """Compact UTF-8 JSON via orjson: byte-identical to json.dumps(separators=(",", ":"),
+    ensure_ascii=False) for strings, ints, bools and null, 5x faster. Not for floats (orjson
+    writes 1e-05 as 0.00001), so only for objects the proxy knows carry none."""
+    return orjson.dumps(obj)
+
+
+def json_style(raw: bytes) -> tuple[str, str, bool]:
+    m = _FIRST_SEP.match(raw)
+    kv = ":" + (m.group(2).decode() if m else "")
+    spaced = m is not None and m.group(2) == b" "
+    return (", " if spaced else ",", kv, raw.isascii() and _HIGH_ESCAPE.search(raw) is not None)
 
 
 def dumps_like(raw: bytes) -> Callable[[Any], bytes]:
@@ -33,12 +49,7 @@ def dumps_like(raw: bytes) -> Callable[[Any], bytes]:
     spaces (json.dumps default vs compact) and non-ASCII kept or \\u-escaped. Servers differ
     (aiohttp's json_response uses json.dumps defaults, FastAPI and pydantic are compact), and a
     re-serialized answer should differ from the server's only where the proxy removed a field."""
-    m = _FIRST_SEP.match(raw)
-    kv = ":" + (m.group(2).decode() if m else "")
-    spaced = m is not None and m.group(2) == b" "
-    item = ", " if spaced else ","
-    ascii_only = raw.isascii() and _HIGH_ESCAPE.search(raw) is not None
-    key = (item, kv, ascii_only)
+    key = item, kv, ascii_only = json_style(raw)
     fn = _DUMPERS.get(key)
     if fn is None:
         def fn(obj: Any, _i=item, _k=kv, _a=ascii_only) -> bytes:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import orjson
 
-from .capture import CallCapture, dumps_like, dumps_like_python
+from .capture import COMPACT_UTF8, CallCapture, dumps_fast, dumps_like, dumps_like_python, json_style
 from .dialects import strip_response
 from .sse import Event, SSEParser
 
@@ -34,7 +34,7 @@ class _Base:
 
     def _parse(self, ev: Event) -> Any:
         try:
-            return orjson.loads(ev.data)
+            return orjson.loads(ev.data_bytes)
         except orjson.JSONDecodeError as exc:
             self.cap.notes.append(f"unparseable stream event passed through: {exc}")
             return None
@@ -50,14 +50,25 @@ class _Base:
         if not events:
             return b""
         if len(events) == 1:
-            return self._event(events[0])
-        return b"".join(self._event(ev) for ev in events)
+            return self._safe_event(events[0])
+        return b"".join(self._safe_event(ev) for ev in events)
+
+    def _safe_event(self, ev: Event) -> bytes:
+        """A bug or an odd event must never break the harness's stream: pass it through as is."""
+        try:
+            return self._event(ev)
+        except Exception as exc:  # noqa: BLE001
+            self.cap.notes.append(f"stream event not filtered ({type(exc).__name__}: {exc})")
+            return self._fallback(ev)
+
+    def _fallback(self, ev: Event) -> bytes:
+        return ev.raw
 
     def close(self) -> bytes:
         if self.closed:
             return b""
         self.closed = True
-        return b"".join(self._event(ev) for ev in self.parser.close()) + self._end()
+        return b"".join(self._safe_event(ev) for ev in self.parser.close()) + self._end()
 
     def _end(self) -> bytes:
         return b""
@@ -72,9 +83,9 @@ class StreamFilter(_Base):
         self.assembler = assembler
 
     def _event(self, ev: Event) -> bytes:
-        if ev.data is None:  # comment / keep-alive / bare event line
+        if ev.data_bytes is None:  # comment / keep-alive / bare event line
             return ev.raw
-        if ev.data == "[DONE]":
+        if ev.data_bytes == b"[DONE]":
             self.saw_done = True
             return ev.raw
         obj = self._parse(ev)
@@ -94,7 +105,14 @@ class StreamFilter(_Base):
         self.assembler.add(obj)
         if not changed:
             return ev.raw
-        return serialize_event(ev, dumps_like(ev.data.encode())(obj))
+        data = ev.data_bytes
+        if not self.cap.plan.harness_logprobs and json_style(data) == COMPACT_UTF8:
+            # no floats left once the proxy's own logprobs are nulled: the fast serializer is exact
+            try:
+                return serialize_event(ev, dumps_fast(obj))
+            except TypeError:  # e.g. a lone surrogate orjson refuses: the slow path writes it
+                pass
+        return serialize_event(ev, dumps_like(data)(obj))
 
     mid_stream_error: Any = None
     carry: dict | None = None  # choice index -> logprob entries of dropped chunks
@@ -125,8 +143,8 @@ class StreamFilter(_Base):
                 changed = True
         return changed
 
-    def response_text(self) -> str:
-        return dumps_like_python(self.assembler.result()).decode()
+    def response_text(self) -> bytes:
+        return dumps_like_python(self.assembler.result())
 
 
 class TranslatedStream(_Base):
@@ -139,9 +157,9 @@ class TranslatedStream(_Base):
         self.finished = False
 
     def _event(self, ev: Event) -> bytes:
-        if ev.data is None:
+        if ev.data_bytes is None:
             return b""  # upstream keep-alives are the chat stream's, not the harness API's
-        if ev.data == "[DONE]":
+        if ev.data_bytes == b"[DONE]":
             self.saw_done = True
             return self._finish()
         obj = self._parse(ev)
@@ -151,6 +169,9 @@ class TranslatedStream(_Base):
         self.extract(self.cap, obj)
         self.assembler.add(obj)
         return self.t.feed_chunk(obj) or b""
+
+    def _fallback(self, ev: Event) -> bytes:
+        return b""  # a chat event is no valid event of the harness's API
 
     def _finish(self) -> bytes:
         if self.finished:
@@ -164,5 +185,5 @@ class TranslatedStream(_Base):
             return self.t.fail("upstream stream ended without [DONE]") or b""
         return b""
 
-    def response_text(self) -> str:
-        return dumps_like_python(self.assembler.result()).decode()
+    def response_text(self) -> bytes:
+        return dumps_like_python(self.assembler.result())

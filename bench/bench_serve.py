@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--dialect", default="vllm", choices=("vllm", "sglang"))
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     rows = bench(a.dialect, a.tokens, a.requests, a.threads)
     load = os.getloadavg()[0]

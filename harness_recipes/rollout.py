@@ -94,7 +94,7 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     pipeline = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
     pipeline.plan(tasks, samples)
     _cancel_on_sigterm()
-    watcher = _start_watch(logdir, out) if recon == "watch" else None
+    watcher = _start_watch(logdir, out, samples) if recon == "watch" else None
     view = Progress(enabled=progress)
     pipeline.on_change = view.update
     try:
@@ -105,9 +105,17 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
         if watcher is not None:
             _stop(watcher)
     view.console.print(summary_table(pipeline, title=f"polar-rollout: {recipe.name}"))
-    if recon == "build":
-        return _build(logdir, out)
-    return 0
+    code = 0
+    if recon in ("build", "watch"):
+        # After watch: one last build picks up what finished after its last scan (build skips
+        # episodes already in OUT).
+        code = _build(logdir, out)
+    errors = pipeline.stats.statuses.get(ep.ERROR, 0)
+    if errors:
+        view.console.print(f"{errors} episode(s) ended in 'error' (see {out}/rollout/episodes.jsonl); "
+                           "run the same command again to retry them.")
+        code = code or 3
+    return code
 
 
 def _cancel_on_sigterm() -> None:
@@ -116,14 +124,15 @@ def _cancel_on_sigterm() -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
 
 
-def _start_watch(logdir: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", str(logdir), str(out)])
+def _start_watch(logdir: Path, out: Path, samples: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", str(logdir), str(out),
+                             "--group-size", str(samples), "--poll", "1"])
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    proc.send_signal(signal.SIGINT)  # watch finishes the shard it is writing and exits 0
     try:
-        proc.wait(10)
+        proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

@@ -71,7 +71,7 @@ class Stats:
 class Pipeline:
     def __init__(self, recipe: Recipe, exe: Path, runtime: Runtime, settings: ep.Settings, records: Records,
                  logdir: Path | None, limits: Limits, on_change: Callable[["Pipeline"], None] | None = None,
-                 log_wait: float = 10.0):
+                 log_wait: float = 5.0):
         self.recipe, self.exe, self.runtime, self.settings = recipe, exe, runtime, settings
         self.records, self.logdir, self.limits = records, logdir, limits
         self.on_change = on_change or (lambda p: None)

@@ -220,7 +220,14 @@ def build(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options,
           progress_factory: Callable[[int, str], Any] | None = None) -> Report:
     report = Report()
     manifest = Manifest.open(out, opts.strategy)
-    builder = Builder(opts)
+    try:
+        _build(logdir, manifest, Builder(opts), opts, report, progress_factory)
+    finally:
+        manifest.close()
+    return report
+
+
+def _build(logdir, manifest: Manifest, builder: Builder, opts: Options, report: Report, progress_factory) -> None:
     paths = list_logs(logdir)
     heads = _heads(paths, manifest, report)
     if progress_factory:
@@ -232,7 +239,6 @@ def build(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options,
     _write_groups(builder, manifest, ready, report, (lambda k: bar.update(k)) if bar else None)
     if bar:
         bar.close()
-    return report
 
 
 def watch(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options, *, poll: float = 2.0,
@@ -241,9 +247,16 @@ def watch(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options, *, p
     """Build continuously. A group is written once `group_size` of its episodes have finished (or,
     without a group size, as soon as it is seen), or when `group_timeout` seconds passed since its
     first episode finished, flagged group_complete=false. Returns the merged report on exit."""
-    total = Report()
     manifest = Manifest.open(out, opts.strategy)
-    builder = Builder(opts)
+    try:
+        return _watch(logdir, manifest, Builder(opts), opts, poll, group_timeout, idle_exit, on_report, should_stop)
+    finally:
+        manifest.close()
+
+
+def _watch(logdir, manifest: Manifest, builder: Builder, opts: Options, poll, group_timeout, idle_exit, on_report,
+           should_stop) -> Report:
+    total = Report()
     pending: dict[str, list[tuple[EpisodeHead, float]]] = {}
     first_seen: dict[str, float] = {}
     reported: set[str] = set()

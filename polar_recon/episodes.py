@@ -33,6 +33,12 @@ class Call:
     completion: np.ndarray | None  # int32, the ids the model sampled
     logprobs: np.ndarray | None  # float32, one per completion id
     info: dict[str, Any]  # the scalar columns of _SCALARS
+    seq: np.ndarray | None = None  # prompt + completion, contiguous (prompt and completion are views of it)
+    # The writer's prefix compression: this prompt shares exactly `base_len` leading tokens with
+    # the prompt+completion of call row `base_row` (its longest match among recent rows). A hint
+    # that spares linking most comparisons; never trusted for more than that one length.
+    base_row: int = -1
+    base_len: int = 0
 
     @property
     def usable(self) -> bool:
@@ -171,6 +177,9 @@ def read_head(path: str | os.PathLike) -> EpisodeHead:
                        path.stat().st_mtime)
 
 
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
 def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
     """A list<...> column as one numpy view per row (None for null rows), without Python lists."""
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
@@ -208,8 +217,8 @@ def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episo
 def _read_calls(path: Path, with_requests: bool) -> Episode:
     table, torn = _table(path)
     finished, reward, metadata = _end_record(table, path)
-    kinds = table.column("kind").to_numpy(zero_copy_only=False)
-    is_call = kinds == KIND_CALL
+    # (to_pylist: to_numpy on a string column imports pandas, ~0.6 s)
+    is_call = np.asarray([k == KIND_CALL for k in table.column("kind").to_pylist()], dtype=bool)
     n_calls = int(is_call.sum())
     if is_call[:n_calls].all():  # the usual layout: calls, then the end record: a zero-copy slice
         calls_t = table.slice(0, n_calls)
@@ -222,27 +231,33 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
     requests = _full_requests(calls_t) if with_requests else []  # request text is delta-coded on disk
-    seqs: list[np.ndarray | None] = []
+    seqs: list[np.ndarray | None] = []  # per row: prompt + completion in one buffer
     calls: list[Call] = []
     for i in range(calls_t.num_rows):
         tail, comp = tails[i], comps[i]
-        prompt = None
+        prompt = completion = seq = None
+        base, n = -1, 0
         if tail is not None:
             base = bases[i]
             base = -1 if base is None or np.isnan(base) else int(base)
             n = 0 if lens[i] is None or np.isnan(lens[i]) else int(lens[i])
+            head = _EMPTY
             if base >= 0:
                 if base >= i or seqs[base] is None or n > len(seqs[base]):
                     raise LogError(f"{path}: row {i} references prompt base row {base} that cannot be used")
-                prompt = np.concatenate([seqs[base][:n], tail])
-            else:
-                prompt = tail
-        seqs.append(None if prompt is None else (prompt if comp is None else np.concatenate([prompt, comp])))
+                head = seqs[base][:n]
+            # one copy per call: the prompt and completion are views into it
+            seq = np.concatenate([head, tail, comp if comp is not None else _EMPTY])
+            prompt = seq[: len(head) + len(tail)]
+            completion = None if comp is None else seq[len(prompt):]
+        seqs.append(seq)
         info = {c: scalars[c][i] for c in _SCALARS}
         lp = lps[i]
         if comp is not None and lp is not None and len(lp) != len(comp):
             info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(comp)} completion ids"
-        calls.append(Call(i, int(info["call_index"] if info["call_index"] is not None else i), prompt, comp, lp, info))
+        index = int(info["call_index"]) if info["call_index"] is not None else i
+        calls.append(Call(i, index, prompt, completion, lp, info, seq,
+                          base if prompt is not None else -1, n if prompt is not None else 0))
     calls.sort(key=lambda c: (c.call_index, c.info.get("choice") or 0))
     return Episode(path, episode_id_of(path), calls, finished, reward, metadata, torn, requests)
 

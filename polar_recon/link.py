@@ -94,14 +94,18 @@ class Alignment:
     suffix: int  # tokens the re-rendered turns share at their ends with the sampled ones (tie-break)
 
 
-def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers) -> Alignment | None:
-    """How `prompt` extends `parent` (a call's prompt+completion), or None if it does not."""
+def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: int | None = None) -> Alignment | None:
+    """How `prompt` extends `parent` (a call's prompt+completion), or None if it does not.
+    `known_prefix`: their exact common prefix length, when already known."""
     j = i = 0
     realigned = suffix = 0
     prefix = None
     role = np.asarray(m.assistant, dtype=parent.dtype)
     while True:
-        n = common_prefix(parent[j:], prompt[i:])
+        if prefix is None and known_prefix is not None:
+            n = known_prefix
+        else:
+            n = common_prefix(parent[j:], prompt[i:])
         if prefix is None:
             prefix = n
         if j + n == len(parent):
@@ -148,6 +152,8 @@ class Node:
 
 
 def _seq(call: Call) -> np.ndarray:
+    if call.seq is not None and len(call.seq) == len(call.prompt) + len(call.completion):
+        return call.seq
     return np.concatenate([call.prompt, call.completion])
 
 
@@ -155,6 +161,7 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
     """One node per call, in call order, with its parent and link kind."""
     nodes: list[Node] = []
     cands: list[tuple[int, np.ndarray]] = []  # (node index, prompt+completion) of usable calls
+    row_to_node: dict[int, int] = {}  # file row -> node, for the writer's base-row hint
     for call in calls:
         why = call.why_unusable
         if why is not None:
@@ -162,11 +169,16 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
             continue
         node = Node(call, FORK)
         best: tuple[tuple[int, int, int], int, Alignment] | None = None
-        # longest sequences first: a candidate shorter than the best prefix found cannot beat it
-        for idx, seq in sorted(cands, key=lambda c: (len(c[1]), c[0]), reverse=True):
+        hint = row_to_node.get(call.base_row)
+        order = sorted(cands, key=lambda c: (len(c[1]), c[0]), reverse=True)
+        if hint is not None:  # the writer's longest match first: its prefix length is known
+            order = [c for c in order if c[0] == hint] + [c for c in order if c[0] != hint]
+        # then longest sequences first: a candidate shorter than the best prefix cannot beat it
+        for idx, seq in order:
             if best is not None and len(seq) < best[0][0]:
-                break
-            a = align(seq, call.prompt, m)
+                continue
+            known = call.base_len if idx == hint and call.base_len <= min(len(seq), len(call.prompt)) else None
+            a = align(seq, call.prompt, m, known)
             if a is None:
                 continue
             key = (a.prefix, a.suffix, idx)
@@ -178,6 +190,7 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
             node.kind = REALIGN if a.realigned else CLEAN
             nodes[idx].children.append(len(nodes))
         cands.append((len(nodes), _seq(call)))
+        row_to_node[call.row] = len(nodes)
         nodes.append(node)
     _drop_retries(nodes)
     return nodes
@@ -186,11 +199,18 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
 def _drop_retries(nodes: list[Node]) -> None:
     """Siblings with the same prompt are retries: keep those that later calls extend (or, when
     none is extended, the last one); the others become RETRY and leave the tree."""
-    groups: dict[tuple[int | None, bytes], list[int]] = {}
+    by_parent: dict[tuple[int | None, int], list[int]] = {}
     for k, n in enumerate(nodes):
         if n.kind in (CLEAN, REALIGN, FORK):
-            groups.setdefault((n.parent, n.call.prompt.tobytes()), []).append(k)
-    for members in groups.values():
+            by_parent.setdefault((n.parent, len(n.call.prompt)), []).append(k)
+    groups: list[list[int]] = []
+    for cands in by_parent.values():  # same parent, same prompt length: compare the prompts
+        while cands:
+            first, rest = cands[0], cands[1:]
+            same = [k for k in rest if np.array_equal(nodes[k].call.prompt, nodes[first].call.prompt)]
+            groups.append([first, *same])
+            cands = [k for k in rest if k not in same]
+    for members in groups:
         if len(members) < 2:
             continue
         extended = [k for k in members if nodes[k].children]

@@ -252,12 +252,17 @@ class _Recent:
     seq: np.ndarray  # prompt + completion
 
 
-_OFFSETS_CACHE: dict[int, pa.Array] = {}
+_NULLS: dict[pa.DataType, pa.Array] = {}
 
 
 def _one(value: Any, typ: pa.DataType) -> pa.Array:
     """A one-row array. A numpy list value goes in as one buffer: pa.array([ndarray]) would walk
     it element by element (~9 ms for 20k ids, the whole per-call budget)."""
+    if value is None:
+        null = _NULLS.get(typ)
+        if null is None:
+            null = _NULLS[typ] = pa.nulls(1, type=typ)  # immutable: one per type serves every row
+        return null
     if isinstance(value, np.ndarray) and pa.types.is_list(typ):
         values = pa.array(value.astype(typ.value_type.to_pandas_dtype(), copy=False), type=typ.value_type)
         offsets = pa.array(np.array([0, len(value)], dtype=np.int32))
@@ -388,7 +393,9 @@ class EpisodeWriter:
                 row.update(request_zstd=pack(mid), request_prefix_len=p, request_suffix_len=s)
                 self._last_request = full
             resp = row.pop("response", None)
-            row["response_zstd"] = None if resp is None else pack(resp.encode() if isinstance(resp, str) else resp)
+            if isinstance(resp, (bytes, bytearray)):  # must read back as text: never store broken UTF-8
+                resp = bytes(resp).decode("utf-8", errors="replace")
+            row["response_zstd"] = None if resp is None else pack(resp.encode())
             comp = None if completion_ids is None else np.asarray(completion_ids, dtype=np.int32)
             row["completion_ids"] = comp
             row["completion_logprobs"] = (

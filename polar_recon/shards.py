@@ -22,6 +22,7 @@ from .strategies import Sequence
 
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.parquet$")
 MANIFEST = ".polar-recon-manifest.json"
+LOCK = ".polar-recon.lock"
 
 SHARD_SCHEMA = pa.schema([
     pa.field("episode_id", pa.string()),
@@ -95,7 +96,12 @@ class ShardWriter:
         self.out, self.number = out, number
         self.path = out / shard_name(number)
         self.tmp = out / f".{shard_name(number)}.tmp"
-        self._writer = pq.ParquetWriter(str(self.tmp), SHARD_SCHEMA, compression=compression)
+        # Dictionary encoding and statistics only pay off on the small string columns; on token
+        # lists they cost more time than the whole reconstruction.
+        self._writer = pq.ParquetWriter(
+            str(self.tmp), SHARD_SCHEMA, compression=compression,
+            use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model"],
+            write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id
 
@@ -149,6 +155,7 @@ class Manifest:
         out.mkdir(parents=True, exist_ok=True)
         path = out / MANIFEST
         m = cls(out, strategy)
+        m._lock()
         if path.exists():
             try:
                 data = json.loads(path.read_text())
@@ -162,6 +169,23 @@ class Manifest:
         for stale in out.glob(".shard-*.parquet.tmp"):  # a build killed mid-shard: never visible, drop it
             stale.unlink(missing_ok=True)
         return m
+
+    def _lock(self) -> None:
+        """One builder per OUT (shard numbers and the manifest are not shared): an advisory lock
+        held for the life of this process's manifest."""
+        import fcntl
+
+        self._lock_file = open(self.out / LOCK, "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise ManifestError(f"{self.out}: another polar-recon build/watch is writing here") from None
+
+    def close(self) -> None:
+        if getattr(self, "_lock_file", None) is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
     def _adopt_unrecorded_shards(self) -> None:
         for p in sorted(self.out.iterdir()):

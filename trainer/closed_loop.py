@@ -51,14 +51,15 @@ class LoopConfig:
     workdir: Path
     model_dir: Path | None = None
     steps: int = 8
-    groups: int = 2  # groups per iteration (per training step)
+    groups: int = 3  # groups per iteration (per training step)
     group_size: int = 4  # episodes per group = num_generations
     max_tokens: int = 4
     temperature: float = 1.0
     top_k: int = 10
     learning_rate: float = 2e-2
-    calibration_samples: int = 24
-    target_fraction: float = 0.35
+    calibration_samples: int = 32
+    target_fraction: float = 0.4
+    seed: int = 0  # sampling seeds (per episode) and the trainer's seed: the whole loop is reproducible
     prompt: str = "Name one thing."
     dialect: str = "vllm"
     timeout: float = 120.0
@@ -163,8 +164,9 @@ def chat_body(cfg: LoopConfig, **extra) -> dict:
 def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
     """Pick a target word present in about target_fraction of the untrained model's answers."""
     texts, cands = [], Counter()
-    for _ in range(cfg.calibration_samples):
-        r = http("POST", serve_url + "/v1/chat/completions", chat_body(cfg, return_token_ids=True))
+    for i in range(cfg.calibration_samples):
+        r = http("POST", serve_url + "/v1/chat/completions",
+                 chat_body(cfg, return_token_ids=True, seed=cfg.seed * 100003 + 50000 + i))
         texts.append(answer_text(r))
         for t in set(r["choices"][0].get("token_ids") or []):
             s = tokenizer.decode([t]).strip()
@@ -191,7 +193,9 @@ def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, resu
                 gid = f"it{it:03d}-g{g}"
                 for e in range(cfg.group_size):
                     ep = f"{gid}-e{e}"
-                    r = http("POST", proxy_url + "/v1/chat/completions", chat_body(cfg), {"x-polar-episode": ep})
+                    seed = cfg.seed * 100003 + it * 1000 + g * 100 + e  # reproducible, distinct per episode
+                    r = http("POST", proxy_url + "/v1/chat/completions", chat_body(cfg, seed=seed),
+                             {"x-polar-episode": ep})
                     reward = float(target in answer_text(r))
                     http("POST", f"{proxy_url}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}})
                     rewards.append(reward)
@@ -227,7 +231,7 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
         args = PolarGRPOConfig(
             output_dir=str(work / "ckpt"), shards=str(out), max_steps=cfg.steps,
             per_device_train_batch_size=cfg.groups * cfg.group_size, num_generations=cfg.group_size,
-            learning_rate=cfg.learning_rate, temperature=cfg.temperature, beta=0.0, logging_steps=1,
+            learning_rate=cfg.learning_rate, temperature=cfg.temperature, beta=0.0, logging_steps=1, seed=cfg.seed,
             save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
             disable_tqdm=True, shard_poll_interval=0.1, shard_wait_timeout=cfg.timeout,
             vllm_importance_sampling_correction=False, sync_server=serve_url, sync_steps=1, sync_keep=2)
@@ -256,7 +260,8 @@ def main(argv=None):
     ap.add_argument("--workdir", required=True, type=Path)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-2)
     ap.add_argument("--threads", type=int, default=1)
@@ -264,7 +269,7 @@ def main(argv=None):
     import torch
     torch.set_num_threads(a.threads)
     r = run_closed_loop(LoopConfig(a.workdir, a.model, steps=a.steps, groups=a.groups, group_size=a.group_size,
-                                   learning_rate=a.lr))
+                                   learning_rate=a.lr, seed=a.seed))
     print(r.summary())
     return r
 

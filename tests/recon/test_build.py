@@ -296,3 +296,30 @@ def test_end_record_scan_agrees_with_read_episode(tmp_path):
             continue
         h = read_head(p)
         assert (h.finished, h.reward, h.metadata, h.n_calls) == (e.finished, e.reward, e.metadata, e.calls.height), p.name
+
+
+def test_watch_cli_exits_when_idle(tmp_path):
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    logdir.mkdir()
+    L.episode(logdir, "a", simple, harness="tidy")
+    L.episode(logdir, "b", simple, reward=None, harness="tidy")
+    code, text = run("watch", logdir, out, "--poll", "0.05", "--idle-exit", "0.3")
+    assert code == 0 and "watch done: 1 episodes, 1 shards" in text
+    assert text.count("no reward (1): b") == 1  # reported once, not every poll
+    code, text = run("watch", logdir, out, "--group-by", "task_id")
+    assert code == 2 and "needs --group-size" in text
+
+
+def test_one_builder_per_out(tmp_path):
+    from polar_recon.shards import Manifest
+
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    logdir.mkdir()
+    L.episode(logdir, "a", simple, harness="tidy")
+    held = Manifest.open(out, "token")  # e.g. a running `polar-recon watch`
+    try:
+        code, text = run("build", logdir, out)
+        assert code == 1 and "another polar-recon build/watch is writing here" in text
+    finally:
+        held.close()
+    assert run("build", logdir, out)[0] == 0

@@ -49,10 +49,12 @@ def test_random_conversations_are_token_faithful(tmp_path_factory, harness, thin
                 c.call(L.Sample("", "Sure.", []))
                 c.user(s[1])
                 made += 1
-            elif s[0] == "retry":
+            elif s[0] == "retry":  # the harness drops an answer and sends the same request again
                 c.call(L.Sample(s[1], "", [("run_shell", json.dumps({"command": "true"}))]), keep=False).kept = False
+                c.call(L.Sample("Again.", "", [("run_shell", json.dumps({"command": "ls"}))]), results=["a.txt"])
+                made += 1
             elif s[0] == "compact" and made:
-                c.compact("the work so far")
+                c.compact(f"the work so far, part {compactions + 1}")
                 compactions += 1
                 made = 0
             elif s[0] == "aux":

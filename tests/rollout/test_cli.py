@@ -34,6 +34,14 @@ def test_bad_task_file_is_a_clear_error(tmp_path):
     assert res.returncode == 2 and "recipe not found: no-such-harness" in res.stderr
 
 
+def test_proxy_down_is_an_error_exit_and_is_retried(tmp_path):
+    fix = fake_recipe(tmp_path, ["noop"], name="noop")
+    res = cli(*base_args(tmp_path, fix, write_tasks(tmp_path), "http://127.0.0.1:9"))
+    assert res.returncode == 3 and "ended in 'error'" in res.stdout + res.stderr
+    rec = json.loads((tmp_path / "out" / "rollout" / "episodes.jsonl").read_text())
+    assert rec["status"] == "error" and "POST http://127.0.0.1:9/polar/add0.s0/end failed" in rec["error"]
+
+
 def test_ctrl_c_stops_everything_records_and_resumes(tmp_path, end_server):
     pidfile = tmp_path / "pids"
     tasks = write_tasks(tmp_path, timeout=600, n=2)

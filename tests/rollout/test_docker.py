@@ -75,6 +75,10 @@ def test_docker_network_none_has_no_route(tmp_path, docker_runtime_cls):
         rt = docker_runtime_cls(network="none", workdir=str(tmp_path))
         sb = await rt.prepare(Task(id="t", prompt="p", eval_cmd="true"), "t.s0", Path("."))
         try:
+            sb.container.reload()
+            host = sb.container.attrs["HostConfig"]
+            assert host["NetworkMode"] == "none" and host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
+            assert host["Binds"] and all(b.endswith(":ro") for b in host["Binds"] if b.startswith(("/usr", "/etc")))
             return await sb.exec(["cat", "/proc/net/dev"], {"PATH": "/usr/bin"}, 20)
         finally:
             await sb.close()

@@ -16,21 +16,18 @@ import pytest
 import torch
 
 from tests.trainer.test_grpo_trainer import Recording, config, trainer, unpad
-from trainer.closed_loop import LoopConfig, VENV_BIN, http, run_closed_loop, stack
+from trainer.closed_loop import LoopConfig, VENV_BIN, answer_text, http, run_closed_loop, stack
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
 
 
-def two_call_episode(proxy: str, ep: str, gid: str, reward: float) -> None:
+def episode(proxy: str, ep: str, gid: str, reward: float, calls: int) -> None:
     msgs = [{"role": "user", "content": f"Task {gid}: name a colour."}]
-    r1 = http("POST", proxy + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
-              {"x-polar-episode": ep})
-    msgs += [r1["choices"][0]["message"] | {"role": "assistant"},
-             {"role": "user", "content": "Another one, please."}]
-    msgs[-2] = {k: v for k, v in msgs[-2].items() if k in ("role", "content", "reasoning_content", "tool_calls")
-                and v is not None}
-    http("POST", proxy + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
-         {"x-polar-episode": ep})
+    for k in range(calls):
+        if k:
+            msgs += [{"role": "assistant", "content": answer_text(r)}, {"role": "user", "content": "Another one."}]
+        r = http("POST", proxy + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
+                 {"x-polar-episode": ep})
     http("POST", f"{proxy}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}})
 
 
@@ -40,7 +37,7 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
     with stack(tmp_path, tiny_dir) as (_, proxy):
         for g in range(2):
             for e in range(2):
-                two_call_episode(proxy, f"g{g}-e{e}", f"g{g}", float(e))
+                episode(proxy, f"g{g}-e{e}", f"g{g}", float(e), calls=2 - g)  # g0: two calls, g1: one
     out = tmp_path / "shards"
     build = subprocess.run([str(VENV_BIN / "polar-recon"), "build", str(tmp_path / "logs"), str(out),
                             "--group-size", "2"], capture_output=True, text=True)
@@ -50,6 +47,8 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
     t.train()
     got = t.gens[0]
     assert got["prompt_ids"].shape[0] == len(rows) == 4, [r["episode_id"] for r in rows]
+    pi_old = t._policy_logps(got)
+    realigned = 0
     for i, r in enumerate(rows):
         u, p = unpad(got, i), r["prompt_len"]
         assert u["prompt"] == r["input_ids"][:p] and u["completion"] == r["input_ids"][p:]
@@ -66,13 +65,24 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
         assert train_ids == sampled, r["episode_id"]
         assert torch.equal(train_lp, torch.tensor(sampled_lp, dtype=torch.float32))
         assert u["prompt"] == calls["prompt_ids"].to_list()[0]
-        assert 0 in u["env_mask"]  # the second turn's user message sits inside, masked
-    st = got["is_stats"]
-    assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
+        assert (0 in u["env_mask"]) == (len(calls) == 2)  # the second turn's user message sits inside, masked
+        # The trainer's own logprobs (pi_old) of the sampled tokens: sampled at temperature 1 without
+        # truncation, the first call's equal the server's, so sequence boundaries are aligned token for
+        # token. The second call's equal them too unless recon had to realign the first assistant turn
+        # (the server then conditioned on the re-rendered turn, the training row on the sampled ids).
+        diff = (pi_old[i][torch.tensor(u["env_mask"] + [0] * (pi_old.shape[1] - len(u["env_mask"]))).bool()]
+                - train_lp).abs()
+        n1 = len(calls["completion_ids"].to_list()[0])
+        assert diff[:n1].max() < 1e-3, (r["episode_id"], diff)
+        if r["n_realign"] == 0:
+            assert diff.max() < 1e-3, (r["episode_id"], diff)
+        realigned += r["n_realign"] > 0
+    print(f"{realigned}/4 rows realigned; IS stats {got['is_stats']}", file=sys.stderr)
+    assert realigned <= 2  # the one-call episodes are exact end to end
 
 
 def test_closed_loop_reward_rises(tmp_path, tiny_dir):
-    r = run_closed_loop(LoopConfig(tmp_path, tiny_dir, steps=6, groups=2, group_size=4))
+    r = run_closed_loop(LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4))
     print(r.summary(), file=sys.stderr)
     assert r.versions == [str(k) for k in range(6)]  # each iteration sampled the newest weights
     assert [s["weight_version"] for s in r.syncs] == [str(k) for k in range(1, 7)]

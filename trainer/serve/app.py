@@ -27,7 +27,8 @@ VERSION_HEADER = "x-polar-weight-version"
 
 class Server:
     def __init__(self, model: ServedModel, dialect: str, served_names, script: dict | None = None,
-                 weight_version: str | None = None):
+                 weight_version: str | None = None, sglang_ids_field: str = "response_token_ids"):
+        self.sglang_ids_field = sglang_ids_field
         self.model = model
         self.engine = Engine(model)
         self.dialect = dialect
@@ -58,6 +59,13 @@ class Server:
         if not isinstance(data, dict):
             raise RequestError("the request body must be a JSON object")
         return data
+
+    def check_prompt_logprobs(self, body: dict) -> None:
+        if body.get("prompt_logprobs") is None:
+            return
+        if body.get("stream"):
+            raise RequestError("`prompt_logprobs` are not available when `stream=True`.")
+        raise RequestError("polar-serve does not compute prompt_logprobs (only sampled-token logprobs)")
 
     def check_model(self, body: dict) -> None:
         name = body.get("model")
@@ -110,6 +118,7 @@ class Server:
     async def chat(self, request: web.Request):
         body = await self.body(request)
         self.check_model(body)
+        self.check_prompt_logprobs(body)
         if self.dialect == "sglang":
             sg.check_chat(body)
         call = await self.engine.run_sync(build_chat_call, body, self.dialect, self.served_name, self.script)
@@ -124,12 +133,14 @@ class Server:
         if self.dialect == "vllm":
             out = vl.chat_full(call, res, tok)
         else:
-            out = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started)
+            out = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started,
+                               self.sglang_ids_field)
         return web.json_response(out, headers=self.headers(), dumps=_dumps)
 
     async def completions(self, request: web.Request):
         body = await self.body(request)
         self.check_model(body)
+        self.check_prompt_logprobs(body)
         call = await self.engine.run_sync(build_completion_call, body, self.dialect, self.served_name)
         q = self.engine.stream(call.job)
         tok = self.model.tokenizer

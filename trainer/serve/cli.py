@@ -26,8 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--script", metavar="FILE", help="scripted mode: replies come from FILE (see trainer/serve/script.py)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) accepted (vLLM checks them); the first is reported (default: DIR's name)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on a shared 2-core machine more threads spin and run slower)")
     p.add_argument("--weight-version", default=None, help="initial weight_version (default 'default', like SGLang)")
+    p.add_argument("--sglang-token-ids-field", choices=("response_token_ids", "token_ids"),
+                   default="response_token_ids",
+                   help="SGLang chat choice field for output ids: response_token_ids (0.5.23, wire-formats.md) "
+                        "or token_ids (later sources; return_token_ids then implies prompt_token_ids)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"polar-serve: cannot load model from {args.model}: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or [Path(args.model).resolve().name]
-    server = Server(model, args.dialect, name, script, args.weight_version)
+    server = Server(model, args.dialect, name, script, args.weight_version, args.sglang_token_ids_field)
     return asyncio.run(_serve(server, make_app(server), args.host, args.port))
 
 

@@ -6,7 +6,9 @@ ToolCall {id, index, type, function}, UsageInfo), `serving_chat.py` (first chunk
 separate finish chunk with an empty delta and `matched_stop`, usage chunk after it),
 `srt/managers/io_struct.py` (GenerateReqInput) and wire-formats.md:
 - ids on the choice: `prompt_token_ids` / `response_token_ids` (non-streaming only; the flags are
-  rejected with `stream: true`), `meta_info` with `return_meta_info`;
+  rejected with `stream: true`), `meta_info` with `return_meta_info`. Later SGLang sources (and its
+  own tests) name the output field `token_ids` and let `return_token_ids` imply
+  `prompt_token_ids`: `polar-serve --sglang-token-ids-field token_ids` serves that layout;
 - streaming ids through sglext: request fields `return_input_ids_in_sglext` /
   `return_output_ids_in_sglext` or headers `x-sglext-return-input-ids` / `-output-ids`; a chunk with
   `choices: []` and `sglext: {input_ids, output_ids: [[...]]}` comes before the usage chunk
@@ -29,12 +31,22 @@ def error_body(message: str, err_type: str = "BadRequest", status: int = 400) ->
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
 
 
+# The messages serving_chat.py raises (as ValueError -> 400 BadRequest) for these flags with stream.
+_REJECT_MESSAGES = {
+    "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "
+                               "Please set stream=false when using return_prompt_token_ids=true.",
+    "return_token_ids": "return_token_ids is not supported with streaming on /v1/chat/completions. "
+                        "Please set stream=false when using return_token_ids=true.",
+    "return_meta_info": "return_meta_info is not supported with streaming. "
+                        "Please set stream=false when using return_meta_info=true.",
+}
+
+
 def check_chat(body: dict) -> None:
     if body.get("stream"):
         for f in STREAM_REJECTED:
             if body.get(f):
-                raise RequestError(f"{f} is not supported with stream=True. Use return_input_ids_in_sglext / "
-                                   f"return_output_ids_in_sglext (or the x-sglext-* headers) for streaming.")
+                raise RequestError(_REJECT_MESSAGES[f])
 
 
 def _sse(obj: dict) -> bytes:
@@ -67,7 +79,8 @@ def meta_info(call: Call, res: Result, weight_version: str, eos_ids, started: fl
             "e2e_latency": round(time.time() - started, 6)}
 
 
-def chat_full(call: Call, res: Result, tokenizer, weight_version: str, eos_ids, started: float) -> dict:
+def chat_full(call: Call, res: Result, tokenizer, weight_version: str, eos_ids, started: float,
+              ids_field: str = "response_token_ids") -> dict:
     b = call.body
     p = parse_result(call, res)
     from .parsers import new_tool_call_id
@@ -82,10 +95,17 @@ def chat_full(call: Call, res: Result, tokenizer, weight_version: str, eos_ids, 
         lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")), True)}
     choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish,
               "matched_stop": _matched(res, eos_ids)}
-    if b.get("return_prompt_token_ids"):
-        choice["prompt_token_ids"] = call.prompt_ids
-    if b.get("return_token_ids"):
-        choice["response_token_ids"] = res.ids
+    if ids_field == "token_ids":
+        # Later SGLang sources: return_token_ids gives `token_ids` and implies prompt_token_ids.
+        if b.get("return_prompt_token_ids") or b.get("return_token_ids"):
+            choice["prompt_token_ids"] = call.prompt_ids
+        if b.get("return_token_ids"):
+            choice["token_ids"] = res.ids
+    else:
+        if b.get("return_prompt_token_ids"):
+            choice["prompt_token_ids"] = call.prompt_ids
+        if b.get("return_token_ids"):
+            choice["response_token_ids"] = res.ids
     if b.get("return_meta_info"):
         choice["meta_info"] = meta_info(call, res, weight_version, eos_ids, started)
     return {"id": call.request_id, "object": "chat.completion", "created": call.created, "model": call.model_name,

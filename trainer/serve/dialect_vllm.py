@@ -46,12 +46,14 @@ def chat_full(call: Call, res: Result, tokenizer) -> dict:
            "function_call": None}
     if p.tool_calls:
         msg["tool_calls"] = [_tool_call(tc) for tc in p.tool_calls]
-    msg["reasoning"] = p.reasoning
+    # include_reasoning=false hides the reasoning AND the per-token metadata (wire-formats.md caveat).
+    hide = b.get("include_reasoning", True) is False
+    msg["reasoning"] = None if hide else p.reasoning
     finish = "tool_calls" if p.tool_calls else res.finish_reason
     lp = None
-    if b.get("logprobs"):
+    if b.get("logprobs") and not hide:
         lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")), False)}
-    want_ids = bool(b.get("return_token_ids"))
+    want_ids = bool(b.get("return_token_ids")) and not hide
     choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish, "stop_reason": res.stop_reason,
               "token_ids": res.ids if want_ids else None}
     return {"id": call.request_id, "object": "chat.completion", "created": call.created, "model": call.model_name,
@@ -92,13 +94,14 @@ def _merge(deltas: list[dict]) -> dict:
 async def chat_stream(call: Call, queue, tokenizer):
     b = call.body
     head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
-    want_ids = bool(b.get("return_token_ids"))
-    want_lp = bool(b.get("logprobs"))
+    hide = b.get("include_reasoning", True) is False  # vLLM's hide_stream_metadata
+    want_ids = bool(b.get("return_token_ids")) and not hide
+    want_lp = bool(b.get("logprobs")) and not hide
     as_ids = bool(b.get("return_tokens_as_token_ids"))
     usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
     first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}],
-                 prompt_token_ids=call.prompt_ids if want_ids else None, prompt_text=None)
+                 prompt_token_ids=call.prompt_ids if b.get("return_token_ids") else None, prompt_text=None)
     if b.get("return_prompt_text"):
         first["prompt_text"] = call.prompt_text
     yield _sse(first)
@@ -117,18 +120,18 @@ async def chat_stream(call: Call, queue, tokenizer):
             pending.append(ev.step)
         deltas = parser.feed(text, final=final)
         saw_tool = saw_tool or any("tool_call" in d for d in deltas)
-        if not deltas and not final and not want_ids:
-            continue  # vLLM skips empty deltas unless ids were asked for; logprobs ride the next chunk
+        if hide:
+            deltas = [d for d in deltas if "reasoning" not in d]
+        if not deltas and not final and not want_ids and not want_lp:
+            continue  # vLLM skips a token without a delta unless ids or logprobs were asked for
         choice = {"index": 0, "delta": _merge(deltas) if deltas else {},
                   "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, False)} if want_lp else None,
                   "finish_reason": None}
         if final:
-            choice["finish_reason"] = "tool_calls" if saw_tool else ev.finish_reason
+            choice["finish_reason"] = "tool_calls" if saw_tool and ev.finish_reason == "stop" else ev.finish_reason
             choice["stop_reason"] = ev.stop_reason
         choice["token_ids"] = [s.token_id for s in pending] if want_ids else None
         pending = []
-        if final and not deltas and not choice["token_ids"] and choice["logprobs"] is not None and not choice["logprobs"]["content"]:
-            choice["logprobs"] = None
         yield _sse(dict(head, choices=[choice], kv_transfer_params=None))
         if final:
             break

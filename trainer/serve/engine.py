@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -70,8 +69,13 @@ class Engine:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
-        def put(ev: Event) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, ev)
+        def put(ev: Event, at: float = 0.0) -> None:
+            # Scripted delays are timers on the loop, not sleeps on the worker, so a slow
+            # simulated reply never holds up other requests.
+            if at > 0:
+                loop.call_soon_threadsafe(loop.call_later, at, q.put_nowait, ev)
+            else:
+                loop.call_soon_threadsafe(q.put_nowait, ev)
 
         def work() -> None:
             try:
@@ -85,18 +89,18 @@ class Engine:
     def _generate(self, job: Job, put_event) -> None:
         """Runs the job; the last token travels inside the "done" Event, like vLLM's final output
         carries its last token together with the finish reason."""
-        held: list[Event] = []
+        held: list[tuple[Event, float]] = []
 
-        def put(ev: Event) -> None:
+        def put(ev: Event, at: float = 0.0) -> None:
             if ev.kind == "token":
                 if held:
-                    put_event(held.pop())
-                held.append(ev)
+                    put_event(*held.pop())
+                held.append((ev, at))
                 return
             if held:
-                last = held.pop()
+                last, at = held.pop()
                 ev.step, ev.text = last.step, last.text
-            put_event(ev)
+            put_event(ev, at)
 
         self._run(job, put)
 
@@ -107,16 +111,13 @@ class Engine:
         if job.forced_ids is not None:
             steps = m.teacher_force(job.prompt_ids, job.forced_ids, job.params)
             per_tok = job.delay / max(len(steps), 1)
-            for st in steps:
-                if per_tok:
-                    time.sleep(per_tok)
-                piece = detok.add(st.token_id)
-                put(Event("token", st, piece))
+            for i, st in enumerate(steps):
+                put(Event("token", st, detok.add(st.token_id)), per_tok * (i + 1))
             last = steps[-1].token_id if steps else None
             if last is not None and last in m.eos_ids:
-                put(Event("done", finish_reason="stop", stop_reason=None))
+                put(Event("done", finish_reason="stop", stop_reason=None), job.delay)
             else:
-                put(Event("done", finish_reason="length"))
+                put(Event("done", finish_reason="length"), job.delay)
             return
         stops = [s for s in job.stop if s]
         finish, reason = "length", None

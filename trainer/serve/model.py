@@ -76,6 +76,9 @@ class KVCache:
     def truncate(self, n: int) -> None:
         del self.ids[n:]
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
 
 class Qwen3Runner:
     """A minimal Qwen3 forward over a loaded transformers model's parameters (no copies)."""
@@ -166,9 +169,12 @@ class Qwen3Runner:
                 else:
                     # Query i (absolute end-rows+i) sees keys 0..end-rows+i.
                     mask = torch.ones(rows, end, dtype=torch.bool).tril(diagonal=end - rows)
-            a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal,
-                                               enable_gqa=self.n_kv != self.n_heads,
-                                               scale=1.0 / math.sqrt(self.head_dim))
+            if rows == 1:
+                a = self._attend_one(q, kk, vv)
+            else:
+                a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal,
+                                                   enable_gqa=self.n_kv != self.n_heads,
+                                                   scale=1.0 / math.sqrt(self.head_dim))
             a = a.transpose(1, 2).reshape(1, rows, self.n_heads * self.head_dim)
             x = x + F.linear(a, at.o_proj.weight, at.o_proj.bias)
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
@@ -179,6 +185,14 @@ class Qwen3Runner:
         if keep == 0:
             return torch.empty(0, self.embed.shape[1])
         return _rms(x, self.norm, self.eps)[0]
+
+    def _attend_one(self, q, kk, vv):
+        """One query row against the cache: grouped heads share their K/V without copying it
+        (SDPA's GQA path on CPU expands K/V, which dominates a decode step on a long cache)."""
+        g = self.n_heads // self.n_kv
+        qg = q.reshape(1, self.n_kv, g, self.head_dim)
+        w = torch.softmax(torch.matmul(qg, kk.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim)), -1)
+        return torch.matmul(w, vv).reshape(1, self.n_heads, 1, self.head_dim)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head)
@@ -241,6 +255,60 @@ def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return x
 
 
+_NUCLEUS_PROBE = 1024
+
+
+def _candidates(x: torch.Tensor, p: SamplingParams):
+    """(values, ids) of the tokens that survive top-k / top-p / min-p, sorted by value, or
+    (x, None) when nothing is truncated. Equivalent to process_logits() restricted to its finite
+    entries, but never sorts the whole vocabulary when top-k (or a small nucleus) bounds the set."""
+    V = x.shape[-1]
+    vals = idx = None
+    if p.top_k is not None and 0 < p.top_k < V:
+        vals, idx = torch.topk(x, p.top_k)
+    if p.top_p is not None and p.top_p < 1.0:
+        if vals is None:
+            lse = torch.logsumexp(x, -1)
+            vals, idx = torch.topk(x, min(_NUCLEUS_PROBE, V))
+            if float((vals - lse).exp().sum()) < p.top_p:  # nucleus wider than the probe: full sort
+                vals, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(vals, -1)
+        cum = probs.cumsum(-1)
+        keep = int(((cum - probs) <= p.top_p).sum())
+        vals, idx = vals[:max(keep, 1)], idx[:max(keep, 1)]
+    if p.min_p and p.min_p > 0:
+        if vals is None:
+            vals, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(vals, -1)
+        keep = int((probs >= p.min_p * probs[0]).sum())
+        vals, idx = vals[:max(keep, 1)], idx[:max(keep, 1)]
+    return (x, None) if vals is None else (vals, idx)
+
+
+def sample_step(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> TokenStep:
+    """Sample one token; its processed logprob and the top alternatives (vLLM processed_logprobs)."""
+    x = logits.float()
+    if p.temperature <= 1e-5:
+        lp = torch.log_softmax(x, -1)
+        return _step(lp, int(torch.argmax(lp)), p.top_logprobs)
+    vals, idx = _candidates(x / p.temperature, p)
+    lp = torch.log_softmax(vals, -1)
+    # Exponential race (what vLLM's sampler does): argmax(prob / Exp(1)) samples from prob.
+    q = torch.empty_like(lp).exponential_(generator=gen)
+    j = int(torch.argmax(lp.exp() / q))
+    if idx is None:
+        return _step(lp, j, p.top_logprobs)
+    tok = int(idx[j])
+    top = []
+    if p.top_logprobs > 0:
+        k = p.top_logprobs
+        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(lp[:k].tolist(), idx[:k].tolist())]
+        if len(top) < k:  # the rest of the vocabulary is masked: -inf, floored like vLLM
+            rest = [i for i in range(x.shape[-1]) if i not in set(idx.tolist())][:k - len(top)]
+            top += [(i, LOGPROB_FLOOR) for i in rest]
+    return TokenStep(tok, max(float(lp[j]), LOGPROB_FLOOR), top)
+
+
 def _step(lp_row: torch.Tensor, tok: int, k: int) -> TokenStep:
     lp = max(float(lp_row[tok]), LOGPROB_FLOOR)
     top = []
@@ -254,6 +322,7 @@ class ServedModel:
     """Tokenizer + weights + a small pool of prefix caches. Not thread-safe: callers hold `lock`."""
 
     POOL = 4
+    CACHE_BUDGET = 2 << 30  # bytes of pooled KV caches (a 20k-token Qwen3-0.6B cache is ~4.6 GB in fp32)
 
     def __init__(self, model_dir: str | Path):
         self.lock = threading.Lock()
@@ -262,7 +331,9 @@ class ServedModel:
 
     def load(self, model_dir: str | Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # keep the server's output to its one "listening" line
         d = Path(model_dir)
         if not (d / "config.json").is_file():
             raise FileNotFoundError(f"{d} has no config.json: not a Hugging Face model directory")
@@ -318,7 +389,8 @@ class ServedModel:
         best.truncate(best_n)
         self.caches.remove(best)
         self.caches.append(best)  # most recently used last
-        while len(self.caches) > self.POOL:
+        while len(self.caches) > self.POOL or (
+                len(self.caches) > 1 and sum(c.nbytes() for c in self.caches) > self.CACHE_BUDGET):
             self.caches.pop(0)
         return best
 
@@ -342,13 +414,9 @@ class ServedModel:
             h = hidden[-1:]
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
             for i in range(p.max_tokens):
-                logits = self.runner.logits(h)[0]
-                lp_row = torch.log_softmax(process_logits(logits, p), -1)
-                if p.temperature <= 1e-5:
-                    tok = int(torch.argmax(lp_row))
-                else:
-                    tok = int(torch.multinomial(lp_row.exp(), 1, generator=gen))
-                yield _step(lp_row, tok, p.top_logprobs)
+                step = sample_step(self.runner.logits(h)[0], p, gen)
+                tok = step.token_id
+                yield step
                 if tok in stops or i == p.max_tokens - 1:
                     return
                 h = self.runner.forward(cache, [tok], keep_last=1)

@@ -1,0 +1,41 @@
+"""The polar-serve command line: --make-tiny determinism, the ready line, the fixtures, bad input."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from tests.support.servers import REPO
+
+
+def test_make_tiny_is_deterministic_and_carries_the_real_tokenizer(tmp_path, tiny_model):
+    out = tmp_path / "tiny"
+    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--make-tiny", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (out / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (REPO / "data" / "tokenizers" / "qwen3" / name).read_bytes()
+
+
+def test_serve_fixture_port_zero_health_and_sglang_token_ids_layout(serve):
+    srv = serve("sglang", extra_args=["--sglang-token-ids-field", "token_ids"])
+    assert srv.port > 0 and srv.base_url == f"http://127.0.0.1:{srv.port}"
+    assert httpx.get(srv.base_url + "/health").status_code == 200
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "return_token_ids": True}
+    c = httpx.post(srv.base_url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert len(c["token_ids"]) == 3 and c["prompt_token_ids"][-3:] == [151644, 77091, 198]
+    assert "response_token_ids" not in c
+    assert srv.proc.poll() is None
+
+
+def test_bad_script_and_missing_model_exit_2_with_a_message(tmp_path, tiny_model):
+    bad = tmp_path / "s.json"
+    bad.write_text('{"turns": [{"contnt": "x"}]}')
+    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--model", str(tiny_model), "--script", str(bad)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown keys ['contnt']" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--model", str(tmp_path / "nope")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no config.json" in r.stderr
