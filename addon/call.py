@@ -180,6 +180,7 @@ def finish_stream(call: Call, error: str | None = None) -> None:
     if getattr(t, "mid_stream_error", None) is not None:
         call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
     call.response_text = t.response_text()
+    t.release()
     call.transform = None
 
 

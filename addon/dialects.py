@@ -5,9 +5,8 @@ Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
 - vLLM, chat and completions: ``return_token_ids: true``. Chat puts ``prompt_token_ids`` top level
   (streams: on the first chunk) and ``token_ids`` on each choice; completions put both on the
   choice. Where vLLM writes these keys as ``null`` when not requested the proxy puts ``null`` back,
-  elsewhere it deletes them (``ID_FIELDS``). With the flag vLLM also sends chat chunks whose delta
-  is empty; the proxy drops them and moves their logprobs to the next chunk, where they would
-  have been.
+  elsewhere it deletes them (``ID_FIELDS``). With the flag (or logprobs) vLLM also sends chat
+  chunks whose delta is empty; the proxy drops them unless the harness asked for logprobs.
 - SGLang, non-streaming chat: ``return_prompt_token_ids`` / ``return_token_ids`` give
   ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids``. Streaming chat rejects those
   flags: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` add a final
@@ -129,8 +128,9 @@ ID_FIELDS: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...], s
 
 
 def _empty_chunk(obj: dict) -> bool:
-    """A vLLM chat chunk that only exists because ids were asked for: with return_token_ids vLLM
-    sends a chunk even when a token produced no text delta (wire-formats.md)."""
+    """A vLLM chat chunk that only exists because of the proxy's flags: with return_token_ids or
+    logprobs vLLM sends a chunk even for a token that produced no text delta (wire-formats.md);
+    without them it skips the token."""
     choices = obj.get("choices")
     if not choices or obj.get("usage") is not None:
         return False
@@ -150,8 +150,8 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
         if not obj.get("choices") and obj.get("usage") is None:
             return None
     changed = _strip_choices(obj, keys, how, plan) | changed
-    if plan.dialect == "vllm" and plan.api == "chat" and plan.stream and _empty_chunk(obj):
-        return None
+    if plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs and _empty_chunk(obj):
+        return None  # (when the harness asked for logprobs itself, it gets these chunks directly too)
     return changed
 
 

@@ -124,8 +124,9 @@ class PolarAddon:
             api = api_of(req.method, path)
             if api is None:
                 translator = translator_for(req.method, path) if translator_for else None
-        self._redirect(flow)
-        if api is None and translator is None:
+        model_call = api is not None or translator is not None
+        self._redirect(flow, model_call)
+        if not model_call:
             return
         if translator is not None:
             api = translator.api
@@ -173,9 +174,10 @@ class PolarAddon:
             req.headers["accept-encoding"] = "identity"
         return True
 
-    def _redirect(self, flow: http.HTTPFlow) -> None:
+    def _redirect(self, flow: http.HTTPFlow, model_call: bool = False) -> None:
+        """polar_upstream: model calls and /v1/... (e.g. /v1/models) go to the inference server."""
         u = self._upstream
-        if u is None or not (flow.request.path.startswith("/v1/") or flow.request.path == "/v1"):
+        if u is None or not (model_call or flow.request.path.startswith("/v1/") or flow.request.path == "/v1"):
             return
         base = u.path.rstrip("/")
         flow.request.scheme = u.scheme

@@ -101,6 +101,35 @@ def phase_build(logdir: Path, out: Path, strategy: str) -> dict:
             "shards": len(r.shards), "peak_mb_over_base": _peak_mb() - base}
 
 
+def drift_sim(work: Path, episodes: int) -> dict:
+    """`polar-recon drift` on episodes rendered with the real Qwen3 template by the simulated
+    harness habits of tests/recon/logs.py (reasoning resent or dropped, whitespace content resent,
+    compact arguments), thinking on, three tool turns each: the retokenize baseline's error per habit."""
+    import random
+
+    from click.testing import CliRunner
+
+    from polar_recon.cli import main as cli
+    from tests.recon import logs as L
+
+    rnd = random.Random(0)
+    results = {}
+    for harness in ("strict", "tidy", "qwen-code", "pi"):
+        logdir = work / f"drift-{harness}"
+        logdir.mkdir(parents=True, exist_ok=True)
+        for e in range(episodes):
+            def run(c):
+                for t in range(3):
+                    reasoning = rnd.choice(["", "I will use the tool.", "Check the file first."])
+                    content = rnd.choice(["", "Let me do that.", ""])
+                    c.call(L.Sample(reasoning, content, [L.write_tool(f"f{t}.txt", "x" * t)]), results=["ok"])
+                c.call(L.Sample(rnd.choice(["", "Done."]), "All files written.", []))
+            L.episode(logdir, f"{harness}-{e}", run, harness=harness, metadata={"harness": harness}, seed=e)
+        r = CliRunner().invoke(cli, ["drift", str(logdir), "--json"], catch_exceptions=False)
+        results[harness] = json.loads(r.output.strip().splitlines()[-1])
+    return results
+
+
 def _run_phase(args: list[str]) -> dict:
     out = subprocess.run([sys.executable, __file__, "--phase", *args], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -114,8 +143,22 @@ def main() -> None:
     ap.add_argument("--strategy", default="token")
     ap.add_argument("--dir", help="work dir (kept); default: a temporary dir, removed")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--drift-sim", type=int, metavar="N",
+                    help="instead: drift of N simulated episodes per harness habit (tests/recon/logs.py)")
     ap.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.drift_sim:
+        with tempfile.TemporaryDirectory(prefix="drift-sim-") as d:
+            res = drift_sim(Path(d), a.drift_sim)
+        if a.json:
+            print(json.dumps(res))
+            return
+        print(f"{'habit':12}{'trainable':>10}{'differ':>8}{'share':>8}{'seqs hit':>10}  links")
+        for h, r in res.items():
+            links = ", ".join(f"{k} {v}" for k, v in r["links_by_harness"][h].items())
+            print(f"{h:12}{r['trainable_tokens']:>10}{r['retokenize_differing_tokens']:>8}"
+                  f"{100 * r['retokenize_differing_share']:>7.1f}%{r['retokenize_sequences_affected']:>6}/{r['sequences']:<4} {links}")
+        return
     if a.phase:
         kind, *rest = a.phase
         res = phase_read(Path(rest[0])) if kind == "read" else phase_build(Path(rest[0]), Path(rest[1]), rest[2])

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 import zlib
 
 from aiohttp import web
 
 # token 2 decodes to no text (think of a special token): vLLM streams a chunk for it only when ids
-# were asked for.
+# or logprobs were asked for.
 WORDS = ["Hé", "llo", "", "ld", " 日本", " and", " 😀", " more", " text", "."]
 WORD_IDS = [39, 654, 151667, 507, 220, 323, 26525, 803, 1467, 13]
 EOS = 151645
@@ -154,9 +153,9 @@ class Backend:
             held = []
             for j, (t, i, l) in enumerate(toks):
                 held.append({"token": t, "logprob": l, "bytes": list(t.encode()), "top_logprobs": []})
-                silent = v and t == "" and j != last  # a token without text (vLLM: no chunk unless ids)
-                if silent and not want_ids:
-                    continue  # its logprobs ride the next chunk
+                silent = v and t == "" and j != last  # a token without text
+                if silent and not want_ids and not want_lp:
+                    continue  # vLLM sends no chunk for it unless ids or logprobs were asked for
                 ch = {"index": 0, "delta": {} if silent else {"content": t},
                       "logprobs": {"content": held} if want_lp else None,
                       "finish_reason": "length" if j == last else None}

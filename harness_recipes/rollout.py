@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -47,18 +48,26 @@ def main() -> None:
 @click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--sequential", is_flag=True, help="no pipelining: one episode through all phases at a time")
 @click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
+@click.option("--api-key-env", default=None, metavar="VAR",
+              help="environment variable holding the API key the harness sends (never given on the command line)")
 @click.option("--recon", type=click.Choice(["build", "watch", "none"]), default="build", show_default=True,
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
 def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtime, isolation, docker_network,
-        concurrency, prewarm, eval_concurrency, sequential, model, recon, keep_workspaces, no_progress) -> None:
+        concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
+        no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     try:
         rec = load_recipe(recipe)
         tasks = _tasks(tasks_path, swebench, repos)
     except (RecipeError, TaskError) as e:
         raise click.UsageError(str(e)) from None
+    settings = ep.Settings(proxy=proxy, model=model)
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
+        settings.api_key = os.environ[api_key_env]
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
     work = Path(out) / "rollout" / "work"
@@ -67,7 +76,7 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
     try:
         rt = make_runtime(runtime, workdir=str(work), **opts)
-        code = asyncio.run(_run(rec, exe, rt, tasks, samples, ep.Settings(proxy=proxy, model=model),
+        code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
                                 Path(logdir), Path(out), limits, recon, not no_progress))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
         click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "

@@ -106,10 +106,14 @@ class Builder:
     def sequences(self, path: Path):
         ep = read_calls(path, with_requests=self.retok is not None)
         if self.opts.strategy == "token":
-            return token_sequences(ep, self.markers)
-        if self.opts.strategy == "per-call":
-            return per_call_sequences(ep)
-        return retokenize_sequences(ep, self.markers, self.retok)
+            seqs = token_sequences(ep, self.markers)
+        elif self.opts.strategy == "per-call":
+            seqs = per_call_sequences(ep)
+        else:
+            seqs = retokenize_sequences(ep, self.markers, self.retok)
+        # a sequence with nothing to train (an empty completion) carries no signal and breaks the
+        # contract that prompt_len indexes a trainable token
+        return [s for s in seqs if s.loss_mask.any()]
 
 
 def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Manifest, opts: Options,

@@ -129,8 +129,8 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
         old = parent[b:len(parent) if e_p is None else e_p + 1]
         suffix += common_prefix(old[::-1], prompt[bi:e_i + 1][::-1])
         realigned += 1
-        if e_p is None:  # the sampled turn stopped without <|im_end|> (length cut): it ends here
-            return Alignment(e_i + 1, prefix, realigned, suffix)
+        if e_p is None:  # the sampled turn stopped without <|im_end|> (length cut): the template
+            return Alignment(e_i, prefix, realigned, suffix)  # closed it; that <|im_end|> is context
         j, i = e_p + 1, e_i + 1
 
 

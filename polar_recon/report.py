@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
 from .episodes import Episode, list_logs, read_calls
-from .link import CLEAN, FORK, REALIGN, RETRY, Node, TurnMarkers, common_prefix, link_calls, segments
+from .link import CLEAN, REALIGN, TurnMarkers, common_prefix, link_calls, segments
 from .logfile import LogError
 from .shards import list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .episodes import Call, Episode
-from .link import CLEAN, DEFAULT_TOKENIZER, FORK, REALIGN, Node, TurnMarkers, link_calls, segments
+from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, Node, TurnMarkers, link_calls, segments
 
 STRATEGIES = ("token", "per-call", "retokenize")
 
@@ -106,13 +106,25 @@ class Retokenizer:
         self.start_text = "<|im_start|>assistant\n"
         self.end_text = "<|im_end|>"
 
-    def render(self, request: dict[str, Any]) -> str:
-        messages = _parsed_arguments(chat_messages(request))
-        kwargs = dict(request.get("chat_template_kwargs") or {})
-        tools = chat_tools(request)
-        return self.tok.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
-        )
+    def render(self, request: dict[str, Any], dialect: str | None = "vllm") -> str:
+        """The chat request rendered as the server renders it: polar-serve's render module follows
+        vLLM / SGLang exactly (content parts joined, arguments decoded, tools dumped); without it,
+        a close approximation."""
+        try:
+            from trainer.serve.render import RequestError, template_kwargs, template_messages, template_tools
+        except ImportError:
+            messages = _parsed_arguments(chat_messages(request))
+            kwargs = dict(request.get("chat_template_kwargs") or {})
+            return self.tok.apply_chat_template(messages, tools=chat_tools(request), tokenize=False,
+                                                add_generation_prompt=True, **kwargs)
+        dialect = dialect if dialect in ("vllm", "sglang") else "vllm"
+        try:
+            msgs = template_messages(request.get("messages"), dialect)
+            tools = template_tools(request.get("tools"), request.get("tool_choice", "auto"), dialect)
+            kw = template_kwargs(request)
+        except RequestError as exc:
+            raise ReconError(f"request cannot be rendered: {exc}") from exc
+        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
 
     def sequence(self, text: str, sampled_turns: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokenize `text`; mask 1 on assistant turn bodies; logprobs by position in each turn,
@@ -184,7 +196,7 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         if not isinstance(request, dict):
             raise ReconError(f"{ep.path}: call {last.call_index}: no request recorded")
         request = as_chat_request(request, last.info.get("api"))
-        text = retok.render(request) + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False)
+        text = retok.render(request, last.info.get("dialect")) + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False)
         ids, mask, lps = retok.sequence(text, [(c.completion, c.logprobs) for c in calls])
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),

@@ -62,6 +62,7 @@ class LoopConfig:
     seed: int = 0  # sampling seeds (per episode) and the trainer's seed: the whole loop is reproducible
     prompt: str = "Name one thing."
     dialect: str = "vllm"
+    max_policy_lag: int | None = None  # needs weight versions in the logs (see the README)
     timeout: float = 120.0
 
 
@@ -168,7 +169,8 @@ def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
         r = http("POST", serve_url + "/v1/chat/completions",
                  chat_body(cfg, return_token_ids=True, seed=cfg.seed * 100003 + 50000 + i))
         texts.append(answer_text(r))
-        for t in set(r["choices"][0].get("token_ids") or []):
+        ch = r["choices"][0]
+        for t in set(ch.get("token_ids") or ch.get("response_token_ids") or []):  # vLLM | SGLang names
             s = tokenizer.decode([t]).strip()
             if len(s) >= 2:  # short fragments match by accident
                 cands[s] += 1
@@ -234,7 +236,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
             learning_rate=cfg.learning_rate, temperature=cfg.temperature, beta=0.0, logging_steps=1, seed=cfg.seed,
             save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
             disable_tqdm=True, shard_poll_interval=0.1, shard_wait_timeout=cfg.timeout,
-            vllm_importance_sampling_correction=False, sync_server=serve_url, sync_steps=1, sync_keep=2)
+            vllm_importance_sampling_correction=False, sync_server=serve_url, sync_steps=1, sync_keep=2,
+            max_policy_lag=cfg.max_policy_lag)
         model = AutoModelForCausalLM.from_pretrained(str(cfg.model_dir), dtype=torch.float32)
         trainer = PolarGRPOTrainer(model=model, args=args, processing_class=tok)
         try:
@@ -262,6 +265,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--groups", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dialect", choices=("vllm", "sglang"), default="vllm")
+    ap.add_argument("--max-policy-lag", type=int, default=None)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-2)
     ap.add_argument("--threads", type=int, default=1)
@@ -269,7 +274,8 @@ def main(argv=None):
     import torch
     torch.set_num_threads(a.threads)
     r = run_closed_loop(LoopConfig(a.workdir, a.model, steps=a.steps, groups=a.groups, group_size=a.group_size,
-                                   learning_rate=a.lr, seed=a.seed))
+                                   learning_rate=a.lr, seed=a.seed,
+                                   dialect=a.dialect, max_policy_lag=a.max_policy_lag))
     print(r.summary())
     return r
 

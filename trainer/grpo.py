@@ -243,13 +243,12 @@ class PolarGRPOTrainer(GRPOTrainer):
             adv = output["advantages"]
             output["advantages"] = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * ratio
         self.polar_is_stats = stats
-        names = {"mean": "mean", "min": "min", "max": "max", "raw_mean": "raw_mean", "clipped_frac": "clipped_frac"}
-        for k, name in names.items():
-            if k in stats:
-                metrics[f"sampling/importance_sampling_ratio/{name}"].append(stats[k])
-        for k in ("logp_diff_mean", "logp_diff_max"):
-            if k in stats:
-                metrics[f"sampling/sampling_logp_difference/{k.rsplit('_', 1)[1]}"].append(stats[k])
+        # TRL's metric names for its vLLM correction, plus raw_mean and clipped_frac.
+        for k, v in stats.items():
+            if k.startswith("logp_diff_"):
+                metrics[f"sampling/sampling_logp_difference/{k.removeprefix('logp_diff_')}"].append(v)
+            else:
+                metrics[f"sampling/importance_sampling_ratio/{k}"].append(v)
 
     @torch.no_grad()
     def _policy_logps(self, output: dict) -> torch.Tensor:

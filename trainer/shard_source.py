@@ -334,7 +334,8 @@ class ShardSource:
                 self.stats.wait_seconds += waited
                 raise NoShardsError(
                     f"no complete group in {self.location!r} after {waited:.1f}s "
-                    f"({self.stats.shards_read} shards read, cursor {self.cursor})")
+                    f"({self.stats.shards_read} shards read, groups dropped {dict(self.stats.dropped)}, "
+                    f"cursor {self.cursor})")
             time.sleep(self.poll_interval if timeout is None else min(self.poll_interval, timeout - waited))
 
     def take(self, n: int, timeout: float | None = None) -> list[Group]:

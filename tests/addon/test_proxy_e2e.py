@@ -16,7 +16,7 @@ import pytest
 
 from polar_recon import read_episode, read_log
 
-from .procs import fake_backend, mitmdump, stop
+from .procs import fake_backend, mitmdump
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "héllo"}]}
 COMP = {"model": "fake-model", "prompt": "once upon"}
@@ -304,3 +304,21 @@ def test_forward_proxy_https_with_upstream(tmp_path):
             assert got == direct
         row = read_log(logdir / "fwd.arrow").row(0, named=True)
         assert row["error"] is None and row["completion_ids"] == server_ids(be, "chat", body, "vllm")[1]
+
+
+def test_upstream_down_is_recorded(tmp_path):
+    """No server at all. With connection_strategy=lazy the request is read first: the harness gets
+    mitmproxy's 502 and the row says why. (With the default eager strategy mitmproxy closes the
+    harness's connection before any request exists: nothing to log, same as bare mitmdump.)"""
+    from .procs import free_port
+
+    logdir = tmp_path / "logs"
+    with mitmdump(tmp_path, logdir, upstream=f"http://127.0.0.1:{free_port()}",
+                  sets={"polar_dialect": "vllm", "connection_strategy": "lazy"}) as px:
+        e = ep()
+        st, raw, _ = post(px.url + "/v1/chat/completions", CHAT, episode=e)
+        assert st == 502
+        row = read_log(logdir / f"{e}.arrow").row(0, named=True)
+        assert row["status"] is None and "connection failed before a response" in row["error"]
+        assert row["completion_ids"] is None
+        assert post(px.url + "/v1/chat/completions", CHAT, episode=e)[0] == 502  # still serving

@@ -69,29 +69,30 @@ def test_vllm_chat_stream_any_split(cuts):
     assert json.loads(f.response_text())["choices"][0]["message"]["content"] == "Héllo 日本"
 
 
-def test_vllm_empty_delta_chunks_dropped_logprobs_carried():
-    """With return_token_ids vLLM also sends chunks for tokens without text; without it, their
-    logprobs ride the next chunk."""
+def test_vllm_empty_delta_chunks():
+    """With return_token_ids or logprobs vLLM also sends chunks for tokens without text; without
+    them it skips those tokens. Dropped only when the harness did not ask for logprobs."""
     head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     e = lambda t, l: {"token": t, "logprob": l, "bytes": [], "top_logprobs": []}
     first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}], "prompt_token_ids": [1], "prompt_text": None}
-    with_ids = [first,
-                {**head, "choices": [{"index": 0, "delta": {}, "logprobs": {"content": [e("<x>", -1.0)]},
-                                      "finish_reason": None, "token_ids": [7]}], "kv_transfer_params": None},
-                {**head, "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [e("a", -2.0)]},
-                                      "finish_reason": None, "token_ids": [8]}], "kv_transfer_params": None},
-                "[DONE]"]
-    direct = [{**first, "prompt_token_ids": None},
-              {**head, "choices": [{"index": 0, "delta": {"content": "a"},
-                                    "logprobs": {"content": [e("<x>", -1.0), e("a", -2.0)]},
-                                    "finish_reason": None, "token_ids": None}], "kv_transfer_params": None},
-              "[DONE]"]
-    plan = plan_request("chat", "vllm", {"stream": True, "logprobs": True})
-    cap, f, out = run(plan, chat.extract, chat.Assembler(), sse(with_ids))
-    assert out == sse(direct)
+    empty = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": {"content": [e("<x>", -1.0)]},
+                                  "finish_reason": None, "token_ids": [7]}], "kv_transfer_params": None}
+    text = {**head, "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [e("a", -2.0)]},
+                                 "finish_reason": None, "token_ids": [8]}], "kv_transfer_params": None}
+    up = sse([first, empty, text, "[DONE]"])
+    nulled = lambda c, lp: {**c, "choices": [{**c["choices"][0], "token_ids": None,
+                                              **({} if lp else {"logprobs": None})}]}
+    # the harness did not ask for logprobs: the empty chunk goes
+    plan = plan_request("chat", "vllm", {"stream": True})
+    cap, f, out = run(plan, chat.extract, chat.Assembler(), up)
+    assert out == sse([{**first, "prompt_token_ids": None}, nulled(text, False), "[DONE]"])
     assert cap.rows()[0]["completion_ids"].tolist() == [7, 8]
     assert cap.rows()[0]["completion_logprobs"].tolist() == [-1.0, -2.0]
+    # it did: vLLM sends the empty chunk to it directly too
+    plan = plan_request("chat", "vllm", {"stream": True, "logprobs": True})
+    cap, f, out = run(plan, chat.extract, chat.Assembler(), up)
+    assert out == sse([{**first, "prompt_token_ids": None}, nulled(empty, True), nulled(text, True), "[DONE]"])
 
 
 def test_harness_logprobs_kept():

@@ -1,6 +1,5 @@
 """`polar-recon build` and friends on a directory of real (Qwen3-template) episode logs."""
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -323,3 +322,20 @@ def test_one_builder_per_out(tmp_path):
     finally:
         held.close()
     assert run("build", logdir, out)[0] == 0
+
+
+def test_trainer_shard_source_reads_the_shards(tmp_path):
+    """The consumer side of the contract: trainer/shard_source.py checks every row's invariants."""
+    from trainer.shard_source import ShardSource
+
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    logdir.mkdir()
+    convs = make_logdir(logdir)
+    run("build", logdir, out, "--group-by", "task_id")
+    src = ShardSource(str(out))
+    groups = []
+    while (g := src.try_next()) is not None:
+        groups.append(g)
+    assert sorted(g.group_id for g in groups) == ["t1", "t2"]
+    assert sorted(e for g in groups for e in g.episodes) == sorted(convs)
+    assert all(g.complete and g.version == 1 for g in groups)

@@ -90,3 +90,9 @@ def test_drift_on_the_four_harnesses(proxied_logs, capsys):
     for h in HARNESSES:
         kinds = d["links_by_harness"][h]
         assert sum(kinds.values()) == len((FIXTURES / f"{h}.jsonl").read_text().splitlines())
+        # the recorded histories resend exactly what the script makes polar-serve sample (reasoning
+        # included, no stray whitespace), so every later call extends its parent token for token...
+        assert kinds == {"FORK": 1, "CLEAN": 2}, (h, kinds)
+    # ...and the text baseline, rendered as the server renders (content parts joined, Responses and
+    # Messages translated by the addon), reproduces them: this checks the baseline, not the harnesses
+    assert d["retokenize_differing_tokens"] == 0 and d["trainable_tokens"] > 0

@@ -1,10 +1,8 @@
 """`polar-recon show --html`: the page, and what headless Chromium draws of it."""
-import os
 import shutil
 import subprocess
 import tempfile
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

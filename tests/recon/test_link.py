@@ -252,3 +252,27 @@ def test_markers_come_from_the_tokenizer():
     tok = L.tokenizer()
     assert M.start == tok.convert_tokens_to_ids("<|im_start|>") and M.end == tok.convert_tokens_to_ids("<|im_end|>")
     assert L.encode("<|im_start|>assistant\n")[:2] == [M.start, *M.assistant]
+
+
+@pytest.mark.parametrize("cut", [5, 6, 7])
+def test_length_cut_completion_keeps_the_turn_end_as_context(tmp_path, cut):
+    """finish_reason=length: the model never sampled <|im_end|>; the template closes the turn when
+    the harness resends the text. The sequence must still hold that <|im_end|>, as context."""
+    w = EpisodeWriter(tmp_path / "e.arrow", "e")
+    conv = L.Conversation(w, harness="strict", thinking=False, tools=None)
+    prompt = L.encode(L.render(conv.messages, None, False))
+    comp = L.encode("Sure: the file hello.txt will contain exactly the two letters")[:cut]
+    w.append_call(call_index=w.next_call_index(), prompt_ids=prompt, completion_ids=comp,
+                  completion_logprobs=[-0.5] * len(comp), api="chat", finish_reason="length")
+    conv.messages.append({"role": "assistant", "content": L.tokenizer().decode(comp)})
+    conv.user("Go on.")
+    conv.call(L.Sample("", "Done.", []))
+    w.end(1.0)
+    ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
+    assert nodes[1].kind == REALIGN and chains == [[0, 1]]  # the empty think block of the prompt is gone
+    seq = token_sequences(ep, M)[0]
+    assert seq.input_ids[len(prompt):len(prompt) + len(comp)].tolist() == comp
+    assert seq.input_ids[len(prompt) + len(comp)] == M.end and seq.loss_mask[len(prompt) + len(comp)] == 0
+    second = ep.calls[1]
+    n_ctx = len(seq.input_ids) - len(second.completion) - len(prompt) - len(comp)
+    assert seq.input_ids[-len(second.completion) - n_ctx:-len(second.completion)].tolist() == second.prompt[-n_ctx:].tolist()

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_recon.episodes import read_calls
-from polar_recon.link import FORK, RETRY, link_calls, segments
+from polar_recon.link import RETRY, link_calls, segments
 from polar_recon.strategies import token_sequences
 
 from . import logs as L

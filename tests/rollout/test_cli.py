@@ -32,6 +32,10 @@ def test_bad_task_file_is_a_clear_error(tmp_path):
     assert res.returncode == 2 and "task id 'a b' must match" in res.stderr and "tasks.jsonl:1" in res.stderr
     res = cli(*base_args(tmp_path, "no-such-harness", bad, "http://127.0.0.1:9"))
     assert res.returncode == 2 and "recipe not found: no-such-harness" in res.stderr
+    good = write_tasks(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "POLAR_TEST_UNSET_KEY"}
+    res = cli(*base_args(tmp_path, "pi", good, "http://127.0.0.1:9"), "--api-key-env", "POLAR_TEST_UNSET_KEY", env=env)
+    assert res.returncode == 2 and "POLAR_TEST_UNSET_KEY: that variable is not set" in res.stderr
 
 
 def test_proxy_down_is_an_error_exit_and_is_retried(tmp_path):

@@ -51,6 +51,13 @@ def test_argument_names_follow_the_declared_schema(script):
     assert not r.text.startswith("<think>")  # thinking off: the prompt already holds the empty block
 
 
+def test_argv_shell_tool_gets_bash_lc(script):
+    shell = {"type": "function", "function": {"name": "shell", "parameters": {
+        "type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}}}}
+    r = choose_reply(script, {"messages": [{"role": "user", "content": "go"}], "tools": [shell]}, thinking=True)
+    assert '"arguments": {"command": ["bash", "-lc", "echo hi > hello.txt"]}' in r.text
+
+
 def test_no_tools_rule_and_unresolvable_tool(script):
     r = choose_reply(script, {"messages": [{"role": "user", "content": "title please"}]}, thinking=True)
     assert r.source == "rule 0" and r.text.endswith("Create hello.txt")

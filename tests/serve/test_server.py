@@ -129,6 +129,19 @@ def test_chat_layout_ids_text_and_logprobs(srv, ref_model):
     assert r.headers["x-polar-weight-version"]
 
 
+def test_n_choices_non_streaming(srv):
+    d = _post(srv, "/v1/chat/completions", _sampled_body(n=3, max_tokens=4, **_ids_flags(srv.dialect))).json()
+    ChatCompletion.model_validate(d)
+    assert [c["index"] for c in d["choices"]] == [0, 1, 2]
+    key = "token_ids" if srv.dialect == "vllm" else "response_token_ids"
+    ids = [c[key] for c in d["choices"]]
+    assert d["usage"]["completion_tokens"] == sum(map(len, ids)) == 12
+    one = _post(srv, "/v1/chat/completions", _sampled_body(seed=6, max_tokens=4, **_ids_flags(srv.dialect))).json()
+    assert one["choices"][0][key] == ids[1]  # choice i is seeded with seed + i
+    r = _post(srv, "/v1/chat/completions", _sampled_body(n=2, stream=True))
+    assert "n=1" in _error_shape(srv.dialect, r, 400)
+
+
 def test_tokens_as_token_ids(srv):
     d = _post(srv, "/v1/chat/completions", _sampled_body(return_tokens_as_token_ids=True, max_tokens=3)).json()
     toks = [e["token"] for e in d["choices"][0]["logprobs"]["content"]]
@@ -228,7 +241,9 @@ def test_scripted_replay_of_recorded_harness_requests(srv, ref_model, harness):
         # Non-streaming: same ids, tool calls in the message.
         nb = dict(body, stream=False, **_ids_flags(srv.dialect))
         nb.pop("stream_options", None)
-        full = _post(srv, "/v1/chat/completions", nb).json()
+        resp = _post(srv, "/v1/chat/completions", nb)
+        assert resp.headers["x-polar-script-turn"] == ["turn 0", "turn 1", "fallback"][i]
+        full = resp.json()
         ChatCompletion.model_validate(full)
         assert _choice_ids(srv.dialect, full) == (prompt, ids)
         msg = full["choices"][0]["message"]
@@ -317,6 +332,17 @@ def test_scripted_delay_does_not_block_other_requests(srv):
     elapsed, rs = asyncio.run(main())
     assert all(r.json()["choices"][0]["message"]["content"].strip() == "slow answer" for r in rs)
     assert 1.5 <= elapsed < 4.0  # three 1.5 s replies overlap instead of queueing (4.5 s)
+
+
+def test_client_disconnect_stops_the_generation(srv):
+    body = _sampled_body(stream=True, max_tokens=20000, ignore_eos=True, logprobs=False, top_logprobs=0)
+    with httpx.stream("POST", srv.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break  # hang up after a few chunks
+    t0 = time.perf_counter()
+    r = _post(srv, "/v1/chat/completions", _sampled_body(max_tokens=2))
+    assert r.status_code == 200 and time.perf_counter() - t0 < 20  # 20000 tokens would take minutes
 
 
 # -- other endpoints -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from .render import RequestError, render_chat
 
 log = logging.getLogger("polar-serve")
 VERSION_HEADER = "x-polar-weight-version"
+SCRIPT_HEADER = "x-polar-script-turn"
 
 
 class Server:
@@ -72,15 +73,18 @@ class Server:
         if self.dialect == "vllm" and name not in (None, "") and name not in self.served_names:
             raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
-    async def sse(self, request: web.Request, chunks) -> web.StreamResponse:
+    async def sse(self, request: web.Request, chunks, job: Job | None = None, extra: dict | None = None):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", **self.headers()})
+                                           "Cache-Control": "no-cache", **self.headers(), **(extra or {})})
         await resp.prepare(request)
+        done = False
         try:
             async for c in chunks:
                 await resp.write(c)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+            done = True
+        finally:
+            if not done and job is not None:
+                job.cancelled = True  # the client went away: free the worker for the next request
         await resp.write_eof()
         return resp
 
@@ -121,20 +125,60 @@ class Server:
         self.check_prompt_logprobs(body)
         if self.dialect == "sglang":
             sg.check_chat(body)
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
+            raise RequestError(f"'n' must be an integer in [1, 16] (got {n!r})")
+        if n > 1:
+            if body.get("stream"):
+                raise RequestError("polar-serve streams only n=1; send n>1 without stream")
+            return await self.chat_n(body, n)
         call = await self.engine.run_sync(build_chat_call, body, self.dialect, self.served_name, self.script)
         started = time.time()
         q = self.engine.stream(call.job)
         tok = self.model.tokenizer
+        # Which script entry answered ("turn 1", "rule 0", "fallback"): for debugging e2e tests.
+        extra = {SCRIPT_HEADER: call.script_source} if call.script_source else {}
         if body.get("stream"):
             if self.dialect == "vllm":
-                return await self.sse(request, vl.chat_stream(call, q, tok))
-            return await self.sse(request, sg.chat_stream(call, q, tok, request.headers, self.model.eos_ids))
-        res = await collect(q)
+                return await self.sse(request, vl.chat_stream(call, q, tok), call.job, extra)
+            return await self.sse(request, sg.chat_stream(call, q, tok, request.headers, self.model.eos_ids),
+                                  call.job, extra)
+        res = await self._collect(call.job, q)
         if self.dialect == "vllm":
             out = vl.chat_full(call, res, tok)
         else:
             out = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started,
                                self.sglang_ids_field)
+        return web.json_response(out, headers={**self.headers(), **extra}, dumps=_dumps)
+
+    async def chat_n(self, body: dict, n: int):
+        """n>1 (non-streaming): n generations of the same prompt, choice i seeded with seed+i (as
+        vLLM seeds parallel-sampling children); one answer with n choices and summed usage."""
+        tok = self.model.tokenizer
+        outs = []
+        for i in range(n):
+            b = dict(body, n=1)
+            if body.get("seed") is not None:
+                b["seed"] = body["seed"] + i
+            call = await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
+            started = time.time()
+            res = await self._collect(call.job, self.engine.stream(call.job))
+            if self.dialect == "vllm":
+                o = vl.chat_full(call, res, tok)
+            else:
+                o = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started,
+                                 self.sglang_ids_field)
+            o["choices"][0]["index"] = i
+            outs.append(o)
+        out = outs[0]
+        out["choices"] = [o["choices"][0] for o in outs]
+        u = out["usage"]
+        u["completion_tokens"] = sum(o["usage"]["completion_tokens"] for o in outs)
+        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+        if "reasoning_tokens" in u:
+            u["reasoning_tokens"] = sum(o["usage"]["reasoning_tokens"] for o in outs)
         return web.json_response(out, headers=self.headers(), dumps=_dumps)
 
     async def completions(self, request: web.Request):
@@ -146,12 +190,20 @@ class Server:
         tok = self.model.tokenizer
         if body.get("stream"):
             if self.dialect == "vllm":
-                return await self.sse(request, vl.completion_stream(call, q, tok))
-            return await self.sse(request, sg.completion_stream(call, q, tok, self.model.eos_ids))
-        res = await collect(q)
+                return await self.sse(request, vl.completion_stream(call, q, tok), call.job)
+            return await self.sse(request, sg.completion_stream(call, q, tok, self.model.eos_ids), call.job)
+        res = await self._collect(call.job, q)
         out = vl.completion_full(call, res, tok) if self.dialect == "vllm" else sg.completion_full(
             call, res, tok, self.model.eos_ids)
         return web.json_response(out, headers=self.headers(), dumps=_dumps)
+
+    @staticmethod
+    async def _collect(job: Job, q) -> Result:
+        try:
+            return await collect(q)
+        except asyncio.CancelledError:
+            job.cancelled = True  # client disconnected: stop the generation
+            raise
 
     async def models(self, request: web.Request):
         created = int(time.time())
@@ -245,8 +297,8 @@ class Server:
         lp = bool(body.get("return_logprob"))
         with_ids = bool(body.get("return_prompt_token_ids"))
         if body.get("stream"):
-            return await self.sse(request, self._generate_stream(call, q, lp, with_ids, started))
-        res = await collect(q)
+            return await self.sse(request, self._generate_stream(call, q, lp, with_ids, started), job)
+        res = await self._collect(job, q)
         return web.json_response(sg.generate_out(call, res, self.weight_version, self.model.eos_ids, started, lp,
                                                  with_ids), headers=self.headers(), dumps=_dumps)
 

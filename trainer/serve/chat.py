@@ -59,8 +59,6 @@ def _tools_active(body: dict, dialect: str) -> bool:
 def build_chat_call(model, body: dict, dialect: str, served_name: str, script: dict | None) -> Call:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    if body.get("n", 1) not in (1, None):
-        raise RequestError("only n=1 is supported by polar-serve")
     sg_input_ids = body.get("input_ids") if dialect == "sglang" else None
     if sg_input_ids is not None:
         if not isinstance(sg_input_ids, list) or not all(isinstance(x, int) for x in sg_input_ids):

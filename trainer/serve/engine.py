@@ -34,6 +34,7 @@ class Job:
     forced_ids: list[int] | None = None   # scripted mode: teacher-force these instead of sampling
     delay: float = 0.0
     include_stop_str: bool = False
+    cancelled: bool = False               # set when the client went away: stop generating
 
 
 class Detok:
@@ -122,6 +123,9 @@ class Engine:
         stops = [s for s in job.stop if s]
         finish, reason = "length", None
         for st in m.generate(job.prompt_ids, job.params):
+            if job.cancelled:
+                finish = "abort"
+                break
             piece = detok.add(st.token_id)
             if st.token_id in m.eos_ids and not job.params.ignore_eos:
                 put(Event("token", st, piece))

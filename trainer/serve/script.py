@@ -39,7 +39,8 @@ that the request declares is used; a reference no declared tool satisfies is a 4
 lists. Arguments: `arguments` is the default; `arguments_by_tool` {name: {...}} overrides it per
 tool; `argument_names` {name: {from: to}} renames keys per tool. A key the chosen tool's JSON schema
 does not declare is also renamed through the built-in aliases (command <-> cmd) when that
-makes it a declared key (Codex's `exec_command` takes `cmd`, Claude's `Bash` takes `command`).
+makes it a declared key (Codex's `exec_command` takes `cmd`, Claude's `Bash` takes `command`), and a
+string given for an array-typed parameter becomes `["bash", "-lc", string]` (argv-style shell tools).
 
 A reply may instead give `"text"`: the raw assistant output (without <|im_end|>), used verbatim,
 or `"sample": true`: the model samples this reply as without a script.
@@ -196,6 +197,10 @@ def _arguments(tc: dict, name: str, schema: dict) -> dict:
                     if alias in props and alias not in args:
                         args[alias] = args.pop(key)
                         break
+        for key, value in args.items():
+            # Shell tools that take argv (e.g. Codex's legacy `shell`): run the string through bash.
+            if isinstance(value, str) and (props.get(key) or {}).get("type") == "array":
+                args[key] = ["bash", "-lc", value]
     return args
 
 
