@@ -168,7 +168,7 @@ class PolarAddon:
         if new is not None:
             req.content = new  # re-encodes if the harness compressed it; fixes content-length
             if c.translator is not None:
-                req.path = CHAT_PATH
+                req.path = (self._upstream.path.rstrip("/") if self._upstream else "") + CHAT_PATH
                 req.headers["content-type"] = "application/json"
             # the transforms parse the answer: ask for it uncompressed (the harness still decodes it)
             req.headers["accept-encoding"] = "identity"
