@@ -24,6 +24,7 @@ from mitmproxy import ctx, exceptions, http
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import EpisodeFinished, Episodes
+from polar_recon.logfile import warm_up
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 
 try:
@@ -99,6 +100,7 @@ class PolarAddon:
             if self.episodes is not None:
                 self.episodes.close_all()
             self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync)
+            warm_up()
 
     # -- hooks ------------------------------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:

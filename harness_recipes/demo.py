@@ -79,6 +79,7 @@ def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> d
         "episodes": len(recs),
         "statuses": {s: sum(r["status"] == s for r in recs) for s in sorted({r["status"] for r in recs})},
         "mean_reward": round(sum(r["reward"] for r in recs) / max(len(recs), 1), 3),
+        "rewards_by_group": {g: [r["reward"] for r in recs if r["group_id"] == g] for g in sorted({r["group_id"] for r in recs})},
         "model_calls": sum(r.get("n_calls", 0) for r in recs),
         "sequences": df.height,
         "tokens": int(sum(len(x) for x in df["input_ids"].to_list())),
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--harness", default="pi", help="recipe name (default pi: the quickest on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "demo"), help="where everything is written")
     ap.add_argument("--samples", type=int, default=2, help="episodes per task (the GRPO group size)")
-    ap.add_argument("--steps", type=int, default=2, help="GRPO optimizer steps")
+    ap.add_argument("--steps", type=int, default=None, help="GRPO optimizer steps (default: one per task group)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     base = Path(args.out).resolve()
@@ -120,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     step("polar-recon build: token-faithful shards")
     run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(shards),
          "--group-size", str(args.samples)], timeout=600)
-    step(f"GRPO: {args.steps} steps with TRL on the shards")
-    train(model, shards, ckpt, args.samples, args.steps)
+    steps = args.steps or len(TASKS.read_text().splitlines())  # one group per task: each gets a step
+    step(f"GRPO: {steps} steps with TRL on the shards")
+    train(model, shards, ckpt, args.samples, steps)
     info = summary(out, logdir, shards, ckpt, time.monotonic() - t0)
     step("summary")
     for k, v in info.items():

@@ -253,6 +253,7 @@ class _Recent:
 
 
 _NULLS: dict[pa.DataType, pa.Array] = {}
+_NP_DTYPES = {"int32": np.int32, "float": np.float32, "int64": np.int64, "double": np.float64}
 
 
 def _one(value: Any, typ: pa.DataType) -> pa.Array:
@@ -264,7 +265,8 @@ def _one(value: Any, typ: pa.DataType) -> pa.Array:
             null = _NULLS[typ] = pa.nulls(1, type=typ)  # immutable: one per type serves every row
         return null
     if isinstance(value, np.ndarray) and pa.types.is_list(typ):
-        values = pa.array(value.astype(typ.value_type.to_pandas_dtype(), copy=False), type=typ.value_type)
+        # (not typ.to_pandas_dtype(): its first call imports pandas, 0.7 s on the first call)
+        values = pa.array(value.astype(_NP_DTYPES[str(typ.value_type)], copy=False), type=typ.value_type)
         offsets = pa.array(np.array([0, len(value)], dtype=np.int32))
         return pa.ListArray.from_arrays(offsets, values, type=typ)
     return pa.array([value], type=typ)
@@ -272,6 +274,13 @@ def _one(value: Any, typ: pa.DataType) -> pa.Array:
 
 _CODEC = pa.Codec("zstd", compression_level=3)
 _CODEC_LOCK = threading.Lock()
+
+
+def warm_up() -> None:
+    """Pay one-time costs at start-up, not on the first logged call: pyarrow imports pandas on
+    its first pa.array() of a Python list (~0.5 s), and the zstd codec loads lazily."""
+    pa.array([0], type=pa.int32())
+    unpack(pack(b"warm"))
 
 
 def pack(data: bytes) -> bytes:

@@ -26,13 +26,10 @@ Every skip and pad is counted and logged.
 """
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
 from trainer.shard_source import Group
-
-log = logging.getLogger(__name__)
 
 POLICIES = ("pad", "skip")
 ROW_KEYS = ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward", "episode_id", "group_id",

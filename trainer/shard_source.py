@@ -20,7 +20,7 @@ checkpoint every handed-out group has been trained (see grpo.py for the save_ste
 Restoring the cursor re-queues every other shard, so a restart neither repeats nor skips a group.
 
 Weight versions: polar-serve names its weights with a reload counter, an integer sent as a
-string ("1" for the weights it started with, +1 per ``/polar/reload``). Versions compare as those
+string (start it with ``--weight-version 0``; each ``/polar/reload`` answers the next integer). Versions compare as those
 integers. A group's version is the OLDEST of its rows' versions (each row already carries the
 oldest version among its calls). The lag of a group is ``current - version``, where current is
 the newest version known: the one the last weight sync returned (``set_current_version``) or the

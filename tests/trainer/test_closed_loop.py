@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.trainer.test_grpo_trainer import Recording, config, trainer, unpad
+from tests.trainer.test_grpo_trainer import config, trainer, unpad
 from trainer.closed_loop import LoopConfig, VENV_BIN, answer_text, http, run_closed_loop, stack
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
@@ -79,6 +78,9 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
         realigned += r["n_realign"] > 0
     print(f"{realigned}/4 rows realigned; IS stats {got['is_stats']}", file=sys.stderr)
     assert realigned <= 2  # the one-call episodes are exact end to end
+    if not realigned:  # the usual case: every trainable token's ratio is 1
+        st = got["is_stats"]
+        assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
 
 
 def test_closed_loop_reward_rises(tmp_path, tiny_dir):

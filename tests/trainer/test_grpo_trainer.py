@@ -229,3 +229,18 @@ def test_train_grpo_script_and_resume(tmp_path, tiny_dir):
     with pytest.raises(SystemExit, match="--shards OUT is required"):
         main(["--model", str(tiny_dir), "--output_dir", str(tmp_path / "x"), "--max_steps", "1", "--use_cpu",
               "--bf16", "false"])
+
+
+def test_vespo_reads_the_ratio_instead_of_scaled_advantages(tmp_path, tiny_dir, sampler):
+    rows = real_groups(sampler, 2, "vespo", turns=(1,))
+    write_shard(tmp_path / "shards", 1, shifted(rows, [math.log(2), math.log(10), 0.0, 0.0]))
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, loss_type="vespo",
+                                 vllm_importance_sampling_mode="token_truncate"))
+    t.train()
+    out = t.gens[0]
+    assert out["advantages"].dim() == 1  # untouched: TRL's vespo loss applies the ratio itself
+    ratio, m = out["importance_sampling_ratio"], out["completion_mask"].bool()
+    for i, want in enumerate([2.0, 3.0, 1.0, 1.0]):
+        assert torch.allclose(ratio[i][m[i]], torch.full_like(ratio[i][m[i]], want), rtol=2e-3)
+    with pytest.raises(ValueError, match="vespo loss needs a token_"):
+        config(tmp_path, loss_type="vespo", vllm_importance_sampling_mode="sequence_mask")
