@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -113,6 +114,7 @@ def run(args, mode: str) -> dict:
     wall = time.perf_counter() - t0
     if writer:
         writer.join()
+    shutil.rmtree(tmp, ignore_errors=True)
     lat = sorted(timed.handed[g] - landed[g] for g in timed.handed)
     # Per shard: the first group of a shard is what waits for the landing.
     first = sorted(timed.handed[g] - landed[g] for g in timed.handed if g.endswith("g0"))
@@ -170,6 +172,7 @@ def loader(args) -> None:
     while (grp := src.try_next()) is not None:
         n += sum(len(r["input_ids"]) for r in grp.rows)
     dt = time.perf_counter() - t0
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"[loader] {args.big_shards} shards x {args.big_rows} rows x {args.big_tokens} tokens: {n / 1e6:.2f}M tokens "
           f"in {dt:.2f}s = {n / dt / 1e6:.2f}M tokens/s ({src.stats.load_seconds:.2f}s in ShardSource loading)")
 
