@@ -79,6 +79,8 @@ class Call:
     response_text: bytes | str | None = None  # as the harness received it
     auxiliary: bool = False
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
+    header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
+    pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
 
     @property
     def module(self):
@@ -93,7 +95,12 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     except orjson.JSONDecodeError as exc:
         call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
         return None
-    call.request_text = log_request_text(raw, body)
+    if call.translator is None and isinstance(body, dict):
+        # the log's request text (secret scan of 80 KB) is not needed upstream: computed by
+        # finish_request_text while the server works, or at the latest when the row is made
+        call.pending_request = (raw, body)
+    else:  # (a translator may change the body it is given)
+        call.request_text = log_request_text(raw, body)
     if not isinstance(body, dict):
         call.errors.append(f"request body is a JSON {type(body).__name__}, not an object; passed through unmodified")
         return None
@@ -108,6 +115,14 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     call.plan = plan_request(call.api, call.dialect, body)
     call.stream = call.plan.stream
     return add_fields(raw, body, call.plan.added)
+
+
+def finish_request_text(call: Call) -> None:
+    """The request text for the log (secrets redacted), if prepare() left it to later."""
+    if call.pending_request is not None:
+        raw, body = call.pending_request
+        call.pending_request = None
+        call.request_text = log_request_text(raw, body)
 
 
 def start_response(call: Call, status: int, content_type: str) -> Any:
@@ -186,10 +201,14 @@ def finish_stream(call: Call, error: str | None = None) -> None:
 
 def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
     """The log rows of a finished call: one per choice (one with no ids if nothing came back)."""
+    finish_request_text(call)
     errors = list(call.errors)
     if error:
         errors.append(error)
     notes = list(call.notes)
+    for n in getattr(call.translator, "notes", None) or ():  # notes added after the request (at finish())
+        if n not in notes:
+            notes.append(n)
     base = dict(
         api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
@@ -199,12 +218,27 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
         if not errors:
             errors.append("no token ids: the response was not captured")
         return [dict(base, choice=0, prompt_ids=None, completion_ids=None, completion_logprobs=None,
-                     error="; ".join(errors), notes=notes or None)]
+                     weight_version=call.header_weight_version, error="; ".join(errors), notes=notes or None)]
+    version = weight_version(call, notes)
     out = []
     for r in call.cap.rows():
         missing = r.pop("missing")
         errs = errors + ([missing] if missing else [])
-        out.append(dict(base, **r, weight_version=call.cap.weight_version,
+        out.append(dict(base, **r, weight_version=version,
                         error="; ".join(errs) or None, notes=(notes + call.cap.notes) or None))
     call.cap.free()
     return out
+
+
+WEIGHT_VERSION_HEADER = "x-polar-weight-version"
+
+
+def weight_version(call: Call, notes: list[str]) -> str | None:
+    """The policy version that generated this call. SGLang's ``meta_info.weight_version`` is per
+    request, so it wins; polar-serve's header is the fallback (vLLM has no per-request version).
+    A disagreement (a reload between generation and headers) is noted, never silently merged."""
+    meta = call.cap.weight_version if call.cap is not None else None
+    head = call.header_weight_version
+    if meta is not None and head is not None and meta != head:
+        notes.append(f"weight_version: meta_info says {meta!r}, header {WEIGHT_VERSION_HEADER} says {head!r}")
+    return meta if meta is not None else head

@@ -42,10 +42,13 @@ def extract(cap: CallCapture, obj: dict) -> None:
         if isinstance(ch.get("prompt_token_ids"), list):  # SGLang non-streaming
             acc.prompt = None
             cap.set_prompt(ch["prompt_token_ids"])
-        if "token_ids" in ch:  # vLLM (stream deltas / full list)
+        if "token_ids" in ch:  # vLLM (stream deltas / full list); newer SGLang non-streaming
             acc.add_ids(ch["token_ids"])
-        if "response_token_ids" in ch:  # SGLang non-streaming
+        if "response_token_ids" in ch:  # SGLang non-streaming (wire-formats.md)
             acc.set_ids(ch["response_token_ids"])
+        cmeta = ch.get("meta_info")  # SGLang non-streaming with return_meta_info
+        if isinstance(cmeta, dict) and cmeta.get("weight_version") is not None:
+            cap.weight_version = str(cmeta["weight_version"])
         lps = _content_logprobs(ch)
         if lps is not None:
             acc.add_lps(lps)

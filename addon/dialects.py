@@ -8,7 +8,12 @@ Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
   elsewhere it deletes them (``ID_FIELDS``). With the flag (or logprobs) vLLM also sends chat
   chunks whose delta is empty; the proxy drops them unless the harness asked for logprobs.
 - SGLang, non-streaming chat: ``return_prompt_token_ids`` / ``return_token_ids`` give
-  ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids``. Streaming chat rejects those
+  ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids`` (wire-formats.md); newer
+  SGLang sources name the output ids ``choices[i].token_ids`` and let ``return_token_ids`` imply
+  the prompt ids: both shapes are read, and only the keys the harness's own flags would not have
+  produced are removed. The proxy also sets ``return_meta_info`` (unless the harness did) for
+  ``choices[i].meta_info.weight_version``, the policy version that generated the tokens (real
+  SGLang sends no weight-version header), and removes ``meta_info`` again. Streaming chat rejects those
   flags: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` add a final
   ``choices: []`` chunk carrying ``sglext: {input_ids, output_ids}``, which exists only because of
   the flags and is dropped whole. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
@@ -41,6 +46,7 @@ class Plan:
     harness_logprobs: bool = False  # the harness asked for logprobs itself: keep them
     n: int = 1
     echo: bool = False
+    harness_flags: frozenset = frozenset()  # id/meta flags the harness set truthy itself
 
     @property
     def added_logprobs(self) -> bool:
@@ -73,11 +79,15 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
     elif api == "chat":
         added["return_prompt_token_ids"] = True
         added["return_token_ids"] = True
+        added["return_meta_info"] = True  # for meta_info.weight_version (removed from the answer)
     else:
         added["return_token_ids"] = True
+    own = frozenset(k for k in added if k != "logprobs" and body.get(k))
+    for k in own:  # the harness asked for it: nothing to add, and its answer keeps the field
+        del added[k]
     n = body.get("n")
     return Plan(api, dialect, stream, added, harness_lp, n if isinstance(n, int) and n > 0 else 1,
-                echo=bool(body.get("echo")))
+                echo=bool(body.get("echo")), harness_flags=own)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,11 +130,36 @@ ID_FIELDS: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...], s
     ("vllm", "chat", True): (("prompt_token_ids",), ("token_ids",), NULL),
     ("vllm", "completions", False): ((), ("prompt_token_ids", "token_ids"), NULL),
     ("vllm", "completions", True): ((), ("prompt_token_ids", "token_ids"), DROP),
-    ("sglang", "chat", False): ((), ("prompt_token_ids", "response_token_ids"), DROP),
+    ("sglang", "chat", False): ((), (), DROP),  # see _strip_sglang_chat
     ("sglang", "chat", True): ((), (), DROP),  # ids ride the sglext chunk instead
     ("sglang", "completions", False): ((), ("prompt_token_ids", "token_ids"), DROP),
     ("sglang", "completions", True): ((), ("prompt_token_ids", "token_ids"), DROP),
 }
+
+
+def sglang_chat_caused(plan: Plan, choice: dict) -> tuple[str, ...]:
+    """The keys of one SGLang non-streaming chat choice that exist only because of the proxy's
+    flags. Old shape (``response_token_ids``): prompt ids <- return_prompt_token_ids, output ids
+    <- return_token_ids. New shape (``token_ids``): return_token_ids also implies the prompt ids."""
+    own = plan.harness_flags
+    out_key = "token_ids" if "token_ids" in choice else "response_token_ids"
+    caused = []
+    if "return_token_ids" not in own:
+        caused.append(out_key)
+    if "return_prompt_token_ids" not in own and not (out_key == "token_ids" and "return_token_ids" in own):
+        caused.append("prompt_token_ids")
+    if "return_meta_info" not in own:
+        caused.append("meta_info")
+    return tuple(caused)
+
+
+def _strip_sglang_chat(plan: Plan, obj: dict) -> bool:
+    changed = False
+    for ch in obj.get("choices") or ():
+        if isinstance(ch, dict):
+            for k in sglang_chat_caused(plan, ch):
+                changed |= _undo(ch, k, DROP)
+    return changed
 
 
 def _empty_chunk(obj: dict) -> bool:
@@ -141,14 +176,24 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
     """Remove the added fields from one response object (a stream chunk or a whole body).
     Returns True (changed), False (unchanged) or None (drop this stream event entirely)."""
     top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
+    if "return_token_ids" in plan.harness_flags:  # the harness asked for the ids itself: keep them
+        top, keys = (), ()
     changed = False
     for k in top:
         changed |= _undo(obj, k, how)
     if plan.dialect == "sglang" and plan.api == "chat" and plan.stream and "sglext" in obj:
-        del obj["sglext"]
         changed = True
-        if not obj.get("choices") and obj.get("usage") is None:
-            return None
+        ext = obj["sglext"]
+        own = [k for k, f in (("input_ids", "return_input_ids_in_sglext"), ("output_ids", "return_output_ids_in_sglext"))
+               if f in plan.harness_flags]
+        if own and isinstance(ext, dict):
+            obj["sglext"] = {k: v for k, v in ext.items() if k in own or k not in ("input_ids", "output_ids")}
+        else:
+            del obj["sglext"]
+            if not obj.get("choices") and obj.get("usage") is None:
+                return None
+    if plan.dialect == "sglang" and plan.api == "chat" and not plan.stream:
+        changed = _strip_sglang_chat(plan, obj) | changed
     changed = _strip_choices(obj, keys, how, plan) | changed
     if plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs and _empty_chunk(obj):
         return None  # (when the harness asked for logprobs itself, it gets these chunks directly too)

@@ -1,8 +1,16 @@
 """Open episode logs of one proxy process: one EpisodeWriter per running episode, created on its
-first call, closed when the episode ends (its end record makes the file read as finished)."""
+first call, closed when the episode ends (its end record makes the file read as finished).
+
+In-flight calls: every call is counted from its request (``begin_call``) until its row is written
+(``call_done``). ``POST /polar/<id>/end`` while calls of that episode are still in flight (a
+stream still running) does not cut them off: the episode is marked *ending* (new calls to it are
+refused), and the end record is written right after the last in-flight call's row, so the file
+still ends with its end record and no completed call is lost.
+"""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,38 +21,111 @@ from polar_recon.logfile import EpisodeFinished, EpisodeWriter, episode_path
 KEEP_RECENT = 4
 
 
+class EpisodeEnding(EpisodeFinished):
+    """A new call to an episode whose end was requested while calls were still in flight."""
+
+
+@dataclass
+class _Pending:
+    reward: float | None
+    metadata: dict[str, Any]
+    waiters: list[Any] = field(default_factory=list)  # callbacks(calls_written) run at the end
+
+
 class Episodes:
     def __init__(self, logdir: str | Path, fsync: bool = False):
         self.logdir = Path(logdir)
         self.fsync = fsync
         self._writers: dict[str, EpisodeWriter] = {}
+        self._inflight: dict[str, int] = {}
+        self._ending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
 
     def writer(self, episode_id: str) -> EpisodeWriter:
         """The open writer of an episode; raises EpisodeFinished if its log already ended."""
         with self._lock:
-            w = self._writers.get(episode_id)
-            if w is None or w.finished:
-                self.logdir.mkdir(parents=True, exist_ok=True)
-                w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id,
-                                  fsync=self.fsync, keep=KEEP_RECENT)
-                self._writers[episode_id] = w
-            return w
+            return self._writer_locked(episode_id)
 
-    def end(self, episode_id: str, reward: float | None, metadata: dict[str, Any]) -> int:
-        """Write the end record; returns the number of calls the episode logged."""
-        w = self.writer(episode_id)
+    def _writer_locked(self, episode_id: str) -> EpisodeWriter:
+        w = self._writers.get(episode_id)
+        if w is None or w.finished:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id,
+                              fsync=self.fsync, keep=KEEP_RECENT)
+            self._writers[episode_id] = w
+        return w
+
+    def begin_call(self, episode_id: str) -> tuple[EpisodeWriter, int]:
+        """A new call: (writer, call_index). Raises EpisodeFinished / EpisodeEnding."""
         with self._lock:
-            self._writers.pop(episode_id, None)
+            if episode_id in self._ending:
+                raise EpisodeEnding(f"episode {episode_id!r} is ending (its end was requested)")
+            w = self._writer_locked(episode_id)
+            self._inflight[episode_id] = self._inflight.get(episode_id, 0) + 1
+            return w, w.next_call_index()
+
+    def inflight(self, episode_id: str) -> int:
+        with self._lock:
+            return self._inflight.get(episode_id, 0)
+
+    def call_done(self, episode_id: str) -> int | None:
+        """The call's row is written (or given up). If it was the last in-flight call of an ending
+        episode, writes the end record and returns the episode's call count; else None."""
+        with self._lock:
+            left = self._inflight.get(episode_id, 0) - 1
+            if left > 0:
+                self._inflight[episode_id] = left
+                return None
+            self._inflight.pop(episode_id, None)
+            pending = self._ending.pop(episode_id, None)
+        if pending is None:
+            return None
+        n = self._finish(episode_id, pending.reward, pending.metadata)
+        for cb in pending.waiters:
+            cb(n)
+        return n
+
+    def end(self, episode_id: str, reward: float | None, metadata: dict[str, Any],
+            on_end: Any = None) -> int | None:
+        """Write the end record now and return the number of calls logged; or, with calls still
+        in flight, defer it to the last one's ``call_done`` and return None (``on_end(calls)`` is
+        then called when it is written)."""
+        with self._lock:
+            if episode_id in self._ending:
+                raise EpisodeEnding(f"episode {episode_id!r} is already ending")
+            self._writer_locked(episode_id)  # raises EpisodeFinished if it already ended
+            if self._inflight.get(episode_id, 0) > 0:
+                self._ending[episode_id] = _Pending(reward, metadata, [on_end] if on_end else [])
+                return None
+        return self._finish(episode_id, reward, metadata)
+
+    def _finish(self, episode_id: str, reward: float | None, metadata: dict[str, Any]) -> int:
+        with self._lock:
+            w = self._writers.pop(episode_id, None)
+            if w is None:
+                w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id, fsync=self.fsync,
+                                  keep=KEEP_RECENT)
         calls = w.calls_written
         w.end(reward, metadata)
         return calls
 
     def close_all(self) -> None:
+        """Shutdown: pending ends are written (their in-flight calls were cut off and logged with
+        their error by now, or never will be); other episodes stay open for a later proxy."""
+        with self._lock:
+            pending, self._ending = dict(self._ending), {}
+            self._inflight.clear()
+        for eid, p in pending.items():
+            try:
+                n = self._finish(eid, p.reward, p.metadata)
+            except EpisodeFinished:
+                continue
+            for cb in p.waiters:
+                cb(n)
         with self._lock:
             writers, self._writers = list(self._writers.values()), {}
         for w in writers:
             w.close()
 
 
-__all__ = ["Episodes", "EpisodeFinished"]
+__all__ = ["Episodes", "EpisodeFinished", "EpisodeEnding"]

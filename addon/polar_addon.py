@@ -6,6 +6,7 @@ Thin on purpose: options and mitmproxy hooks only. The protocol logic lives in s
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -23,14 +24,17 @@ from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
-from addon.episodes import EpisodeFinished, Episodes
+from addon.episodes import EpisodeEnding, EpisodeFinished, Episodes
 from polar_recon.logfile import warm_up
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 
 try:
-    from addon.translate import translator_for
+    from addon.translate import TranslationError, translator_for
 except ImportError:  # the Responses/Messages translators are optional: without them, pass through
     translator_for = None
+
+    class TranslationError(ValueError):  # type: ignore[no-redef]
+        pass
 
 log = logging.getLogger("polar")
 META = "polar_call"
@@ -71,6 +75,9 @@ class PolarAddon:
                           "Forward-proxy mode: send model calls (/v1/..., /polar/...) to this server URL "
                           "whatever host the harness names, e.g. http://127.0.0.1:8000.")
         loader.add_option("polar_fsync", bool, False, "fsync each log row (survives power loss, slower).")
+        loader.add_option("polar_end_wait_ms", int, 5000,
+                          "POST /polar/<id>/end with calls of the episode still in flight: milliseconds to wait "
+                          "for them before answering 202 (the end record is written after the last one either way).")
 
     def configure(self, updated) -> None:
         o = ctx.options
@@ -81,6 +88,8 @@ class PolarAddon:
                 check_episode_id(o.polar_episode, "option polar_episode")
             except RouteError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
+        if "polar_end_wait_ms" in updated and o.polar_end_wait_ms < 0:
+            raise exceptions.OptionsError(f"polar_end_wait_ms must be >= 0, not {o.polar_end_wait_ms}")
         if "polar_upstream" in updated:
             self._upstream = None
             if o.polar_upstream:
@@ -102,6 +111,17 @@ class PolarAddon:
             self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync)
             warm_up()
 
+    def running(self) -> None:
+        """Garbage collector tuning for a proxy that parses 80 KB JSON bodies (thousands of
+        containers each): freeze everything alive after start-up (mitmproxy, pyarrow, numpy: never
+        garbage) out of the collector's scans, and collect the youngest generation every 20,000
+        container allocations instead of 700. Measured (bench/bench_proxy.py, README): full
+        collections of a big heap were a visible share of the per-call cost; the addon frees its
+        large per-call buffers itself (capture.py), so less frequent collections hold little."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
+
     # -- hooks ------------------------------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
         req = flow.request
@@ -119,7 +139,7 @@ class PolarAddon:
             flow.response = _error_response(exc.status, str(exc))
             return
         if r.is_end:
-            self._end_episode(flow, r.episode_id)
+            await self._end_episode(flow, r.episode_id)
             return
         if r.path != path:
             req.path = path = r.path
@@ -132,16 +152,23 @@ class PolarAddon:
             return
         if translator is not None:
             api = translator.api
+        t_start = time.time()
         try:
-            writer = self.episodes.writer(r.episode_id)
+            _, call_index = self.episodes.begin_call(r.episode_id)  # counted in flight until _write
         except EpisodeFinished as exc:
             flow.response = _error_response(409, f"{exc}; use a new episode id for new calls")
             return
-        dialect = await self._dialect(flow)
-        c = calls.Call(r.episode_id, writer.next_call_index(), api, dialect, time.time(), b"")
+        try:
+            dialect = await self._dialect(flow)
+        except BaseException:
+            self.episodes.call_done(r.episode_id)
+            raise
+        c = calls.Call(r.episode_id, call_index, api, dialect, t_start, b"")
         c.translator = translator
         if self._prepare(flow, c):
             flow.metadata[META] = c
+            if c.pending_request is not None:  # runs once the request is on its way upstream
+                asyncio.get_running_loop().call_soon(calls.finish_request_text, c)
         else:
             self._write(c)
 
@@ -157,15 +184,22 @@ class PolarAddon:
             return True
         try:
             new = calls.prepare(c, raw or b"", req.headers)
-        except Exception as exc:  # noqa: BLE001 - e.g. a translator refusing a request
-            msg = f"polar proxy could not translate this request: {exc}"
-            c.errors.append(msg)
+        except TranslationError as exc:  # the request is invalid in the harness's own API
+            c.errors.append(f"request refused by the {c.api} translator: {exc}")
             c.status = 400
+            body, ctype = c.translator.error_body(400, str(exc))  # the API's own error shape
+            flow.response = http.Response.make(400, body, {"content-type": ctype})
+            return False
+        except Exception as exc:  # noqa: BLE001 - a translator bug: answer, log, keep serving
+            log.exception("polar: could not prepare call %s of episode %s", c.call_index, c.episode_id)
+            msg = f"polar proxy could not translate this request: {type(exc).__name__}: {exc}"
+            c.errors.append(msg)
+            c.status = 500
             if c.translator is not None and hasattr(c.translator, "error_body"):
-                body, ctype = c.translator.error_body(400, msg)  # in the harness's own API shape
-                flow.response = http.Response.make(400, body, {"content-type": ctype})
+                body, ctype = c.translator.error_body(500, msg)
+                flow.response = http.Response.make(500, body, {"content-type": ctype})
             else:
-                flow.response = _error_response(400, msg)
+                flow.response = _error_response(500, msg)
             return False
         if new is not None:
             req.content = new  # re-encodes if the harness compressed it; fixes content-length
@@ -202,22 +236,48 @@ class PolarAddon:
             self._auto[base] = d
         return d
 
-    def _end_episode(self, flow: http.HTTPFlow, episode_id: str) -> None:
+    async def _end_episode(self, flow: http.HTTPFlow, episode_id: str) -> None:
+        """Write the end record. With calls of the episode still in flight, the end record waits
+        for the last one's row (episodes.py); the answer waits up to polar_end_wait_ms for
+        that, then says 202 ``"ended": false`` (the end record still follows the last call)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def on_end(n: int) -> None:
+            def settle() -> None:
+                if not done.done():
+                    done.set_result(n)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the loop is closed (shutdown): nobody waits any more
+                pass
+
         try:
             reward, meta = parse_end_body(flow.request.content or b"")
-            n = self.episodes.end(episode_id, reward, meta)
+            n = self.episodes.end(episode_id, reward, meta, on_end)
         except RouteError as exc:
             flow.response = _error_response(400, str(exc))
             return
         except EpisodeFinished as exc:
             flow.response = _error_response(409, str(exc))
             return
+        if n is None:
+            pending = self.episodes.inflight(episode_id)
+            try:
+                n = await asyncio.wait_for(asyncio.shield(done), ctx.options.polar_end_wait_ms / 1000)
+            except asyncio.TimeoutError:
+                flow.response = _json_response(202, {
+                    "episode_id": episode_id, "reward": reward, "ended": False, "pending_calls": pending,
+                    "message": "calls of this episode are still in flight; the end record is written "
+                               "after the last one's row"})
+                return
         flow.response = _json_response(200, {"episode_id": episode_id, "calls": n, "reward": reward, "ended": True})
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         c: calls.Call | None = flow.metadata.get(META)
         if c is None or flow.response is None:
             return
+        c.header_weight_version = flow.response.headers.get(calls.WEIGHT_VERSION_HEADER)
         transform = calls.start_response(c, flow.response.status_code, flow.response.headers.get("content-type", ""))
         if transform is not None:
             flow.response.stream = transform
@@ -259,6 +319,11 @@ class PolarAddon:
                 w.append_call(call_index=c.call_index, **row)
         except Exception as exc:  # noqa: BLE001 - never take the proxy down for one row
             log.error("polar: could not log call %s of episode %s: %s", c.call_index, c.episode_id, exc)
+        finally:
+            try:
+                self.episodes.call_done(c.episode_id)  # may write a deferred end record
+            except Exception as exc:  # noqa: BLE001
+                log.error("polar: could not end episode %s: %s", c.episode_id, exc)
 
     def done(self) -> None:
         if self.episodes is not None:

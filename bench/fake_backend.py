@@ -24,6 +24,7 @@ from aiohttp import web
 WORDS = ["Hé", "llo", "", "ld", " 日本", " and", " 😀", " more", " text", "."]
 WORD_IDS = [39, 654, 151667, 507, 220, 323, 26525, 803, 1467, 13]
 EOS = 151645
+FAKE_WEIGHT_VERSION = "fake-v1"  # SGLang's meta_info.weight_version (with return_meta_info)
 
 
 def dumps(obj) -> bytes:
@@ -118,6 +119,10 @@ class Backend:
             elif want_ids:
                 ch["prompt_token_ids"] = prompt
                 ch["response_token_ids"] = cids
+            if not v and body.get("return_meta_info"):  # SGLang: per-choice meta_info on request
+                ch["meta_info"] = {"id": "chatcmpl-1", "finish_reason": {"type": "length"},
+                                   "prompt_tokens": len(prompt), "weight_version": FAKE_WEIGHT_VERSION,
+                                   "completion_tokens": len(toks), "cached_tokens": 0}
             out = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body.get("model"),
                    "choices": [ch], "usage": usage}
             if v:

@@ -50,10 +50,12 @@ def episode_path(logdir: str | os.PathLike, episode_id: str) -> Path:
 # reading
 
 
-def _read_batches(path: Path) -> tuple[list[pa.RecordBatch], int, bool, bool]:
-    """All complete batches of all concatenated streams, the byte offset after the last complete
+def read_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], int, bool, bool]:
+    """Public, numpy-level reading starts here (also ``read_table``, ``full_prompt_arrays``,
+    ``full_requests``, ``unpack``). All complete batches of all concatenated streams, the byte offset after the last complete
     message, whether a torn/invalid tail was found, and whether the last stream is open (no
     end-of-stream marker: its writer was killed or is still writing)."""
+    path = Path(path)
     data = pa.memory_map(str(path), "r").read_buffer() if path.stat().st_size else pa.py_buffer(b"")
     size = data.size
     batches: list[pa.RecordBatch] = []
@@ -93,6 +95,20 @@ def _read_batches(path: Path) -> tuple[list[pa.RecordBatch], int, bool, bool]:
     return batches, good_end, torn, open_stream
 
 
+_read_batches = read_batches  # the old private name (polar_recon/episodes.py)
+
+
+def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> tuple[pa.Table, bool]:
+    """Every row of a log as one Arrow table in the on-disk SCHEMA (optionally only ``columns``),
+    and whether a torn last batch was cut off. Raises LogError naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise LogError(f"{path}: no such log")
+    batches, _, torn, _ = read_batches(path)
+    table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
+    return (table.select(columns) if columns is not None else table), torn
+
+
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -111,15 +127,16 @@ class EpisodeLog:
     truncated: bool  # a torn last batch was found (writer killed mid-write)
 
 
-def _full_prompts(table: pa.Table) -> list[list[int] | None]:
-    """Undo the prefix compression; rows reference earlier rows by position."""
+def full_prompt_arrays(table: pa.Table) -> list[np.ndarray | None]:
+    """The full prompt ids of each row of a call-rows table (on-disk SCHEMA, end rows removed)
+    as int32 arrays: undoes the prefix compression (rows reference earlier rows by position)."""
     bases = table.column("prompt_base_row").to_pylist()
     lens = table.column("prompt_base_len").to_pylist()
     tails = [None if b is None else np.frombuffer(unpack(b), dtype="<i4")
              for b in table.column("prompt_tail_zstd").to_pylist()]
     comps = table.column("completion_ids").to_numpy(zero_copy_only=False)
     seqs: list[np.ndarray | None] = []
-    prompts: list[list[int] | None] = []
+    prompts: list[np.ndarray | None] = []
     for i, (base, n, tail, comp) in enumerate(zip(bases, lens, tails, comps)):
         if tail is None:
             seqs.append(None)
@@ -134,11 +151,15 @@ def _full_prompts(table: pa.Table) -> list[list[int] | None]:
             prompt = tail
         comp = np.asarray(comp if comp is not None else [], dtype=np.int32)
         seqs.append(np.concatenate([prompt, comp]))
-        prompts.append(prompt.tolist())
+        prompts.append(prompt)
     return prompts
 
 
-def _full_requests(table: pa.Table) -> list[str | None]:
+def _full_prompts(table: pa.Table) -> list[list[int] | None]:
+    return [None if p is None else p.tolist() for p in full_prompt_arrays(table)]
+
+
+def full_requests(table: pa.Table) -> list[str | None]:
     """Undo the request delta: each call row's request is relative to the previous call row's."""
     mids = [None if b is None else unpack(b) for b in table.column("request_zstd").to_pylist()]
     pres = table.column("request_prefix_len").to_pylist()
@@ -159,11 +180,14 @@ def _full_requests(table: pa.Table) -> list[str | None]:
     return out
 
 
+_full_requests = full_requests  # the old private name (polar_recon/episodes.py)
+
+
 def read_episode(path: str | os.PathLike) -> EpisodeLog:
     path = Path(path)
     if not path.exists():
         raise LogError(f"{path}: no such log")
-    batches, _, torn, _ = _read_batches(path)
+    batches, _, torn, _ = read_batches(path)
     table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
     kinds = table.column("kind").to_pylist()
     end_rows = [i for i, k in enumerate(kinds) if k == KIND_END]
@@ -178,7 +202,7 @@ def read_episode(path: str | os.PathLike) -> EpisodeLog:
     calls = table.filter(call_mask) if len(kinds) else table
     try:
         prompts = _full_prompts(calls)
-        requests = _full_requests(calls)
+        requests = full_requests(calls)
     except LogError as exc:
         raise LogError(f"{path}: {exc}") from exc
     responses = [None if b is None else unpack(b).decode() for b in calls.column("response_zstd").to_pylist()]
@@ -253,6 +277,12 @@ class _Recent:
 
 
 _NULLS: dict[pa.DataType, pa.Array] = {}
+# One-row arrays of the values that repeat row after row (kind, episode id, api, dialect, model,
+# status, booleans, finish reason...): Arrow arrays are immutable, so one serves every row, and a
+# dict lookup costs ~0.1 us against ~5 us for pa.array([v]). Bounded: cleared when it fills.
+_SCALARS: dict[tuple[pa.DataType, type, Any], pa.Array] = {}
+_SCALAR_CACHE_MAX = 4096
+_CACHED_TYPES = (str, bool, int)
 _NP_DTYPES = {"int32": np.int32, "float": np.float32, "int64": np.int64, "double": np.float64}
 
 
@@ -264,6 +294,14 @@ def _one(value: Any, typ: pa.DataType) -> pa.Array:
         if null is None:
             null = _NULLS[typ] = pa.nulls(1, type=typ)  # immutable: one per type serves every row
         return null
+    if isinstance(value, _CACHED_TYPES) and (not isinstance(value, str) or len(value) <= 256):
+        key = (typ, type(value), value)
+        arr = _SCALARS.get(key)
+        if arr is None:
+            if len(_SCALARS) >= _SCALAR_CACHE_MAX:
+                _SCALARS.clear()
+            arr = _SCALARS[key] = pa.array([value], type=typ)
+        return arr
     if isinstance(value, np.ndarray) and pa.types.is_list(typ):
         # (not typ.to_pandas_dtype(): its first call imports pandas, 0.7 s on the first call)
         values = pa.array(value.astype(_NP_DTYPES[str(typ.value_type)], copy=False), type=typ.value_type)
@@ -301,11 +339,11 @@ def unpack(blob: bytes) -> bytes:
 
 def read_file_order_requests(path: Path) -> str | None:
     """The full request of the last call row in file order (the next row's delta base)."""
-    batches, _, _, _ = _read_batches(path)
+    batches, _, _, _ = read_batches(path)
     table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
     kinds = table.column("kind").to_pylist()
     calls = table.filter(pa.array([k == KIND_CALL for k in kinds], type=pa.bool_())) if kinds else table
-    reqs = _full_requests(calls)
+    reqs = full_requests(calls)
     return reqs[-1] if reqs else None
 
 
@@ -331,7 +369,7 @@ class EpisodeWriter:
     def _recover(self) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
-        batches, good_end, torn, open_stream = _read_batches(self.path)
+        batches, good_end, torn, open_stream = read_batches(self.path)
         if torn:
             os.truncate(self.path, good_end)
         if open_stream:  # terminate the killed writer's stream so ours can follow it

@@ -32,3 +32,30 @@ def test_secrets_redacted_in_log_text():
     assert log_request_text(plain, orjson.loads(plain)) == plain
     assert redact_headers({"Authorization": "Bearer k", "x-api-key": "k", "a": "b"}) == {
         "Authorization": "[redacted]", "x-api-key": "[redacted]", "a": "b"}
+
+
+def test_translator_notes_from_finish_reach_the_row():
+    """A note the translator adds only at finish() (after the request was prepared) is on the row."""
+    from addon import call as calls
+    from addon.translate import translator_for
+
+    c = calls.Call("e", 0, "responses", "vllm", 0.0, b"")
+    c.translator = translator_for("POST", "/v1/responses")
+    raw = json.dumps({"model": "m", "input": "hi", "stream": True}).encode()
+    assert calls.prepare(c, raw, {}) is not None
+    f = calls.start_response(c, 200, "text/event-stream")
+    head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        {**head, "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None, "token_ids": []}]},
+        {**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                              "logprobs": {"content": [{"token": "x", "logprob": -0.1}]}, "finish_reason": "tool_calls",
+                              "token_ids": [7]}]},
+    ]
+    body = b"".join(b"data: " + json.dumps(ch).encode() + b"\n\n" for ch in chunks) + b"data: [DONE]\n\n"
+    out = f(body) + f(b"")
+    assert b"response.completed" in b"".join(out)
+    calls.finish_stream(c)
+    (row,) = calls.rows(c, 1.0)
+    assert any("never named its function" in n for n in row["notes"]), row["notes"]
+    assert row["completion_ids"].tolist() == [7] and row["error"] is None

@@ -101,6 +101,7 @@ def test_matrix_against_polar_serve(served, tokenizer, api, stream):
     row = read_log(logdir / f"{e}.arrow").row(0, named=True)
     assert row["error"] is None, row["error"]
     assert row["dialect"] == dialect and row["status"] == 200 and row["stream"] is stream
+    assert row["weight_version"] == "default"  # header (and SGLang non-stream chat: meta_info)
     # the ids in the log are the server's: ask it directly with its own flags
     flags = {"return_token_ids": True}
     if dialect == "sglang" and api == "chat":

@@ -78,6 +78,8 @@ def test_matrix_bytes_and_ids(stack, api, stream):
     prompt, comp = server_ids(be, api, body, dialect)
     assert row["prompt_ids"] == prompt and row["completion_ids"] == comp
     assert len(row["completion_logprobs"]) == len(comp)
+    # SGLang non-stream chat: meta_info (asked for by the proxy) names the weights; no header here
+    assert row["weight_version"] == ("fake-v1" if (dialect, api, stream) == ("sglang", "chat", False) else None)
     assert row["request"] == json.dumps(body)
     resp = json.loads(row["response"])
     text = resp["choices"][0]["message"]["content"] if api == "chat" else resp["choices"][0]["text"]

@@ -190,7 +190,8 @@ def test_non_stream_strip_vllm_and_sglang():
                                            "finish_reason": "stop", "token_ids": None}], "prompt_token_ids": None}
     assert cap.rows()[0]["completion_ids"].tolist() == [4]
     plan = plan_request("chat", "sglang", {})
-    assert plan.added == {"logprobs": True, "return_prompt_token_ids": True, "return_token_ids": True}
+    assert plan.added == {"logprobs": True, "return_prompt_token_ids": True, "return_token_ids": True,
+                          "return_meta_info": True}
     obj = {"choices": [{"index": 0, "message": {"content": "hi"}, "logprobs": {"content": [{"logprob": -1}]},
                         "prompt_token_ids": [1], "response_token_ids": [4], "finish_reason": "stop"}]}
     cap = CallCapture(plan)
