@@ -3,7 +3,9 @@ PY ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+HARNESSES := pi qwen-code codex claude-code mini-swe-agent aider
+
+.PHONY: install sysdeps harnesses test demo bench clean
 
 install: $(STAMP)
 
@@ -16,10 +18,19 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip check
 	touch $(STAMP)
 
-test: install
-	$(VENV)/bin/python -m pytest -q tests
+# System packages (chromium, bubblewrap, docker.io, npm) when missing; needs root to install them.
+sysdeps:
+	bash .ci/sysdeps.sh
 
-demo: install
+# The real harness CLIs, pinned, into .cache/harnesses/<name>/ (npm registry / PyPI).
+harnesses: install sysdeps
+	for h in $(HARNESSES); do $(VENV)/bin/polar-rollout install $$h || exit 1; done
+
+# The whole suite, with a quiet dockerd (no bridge) for the docker runtime tests.
+test: install sysdeps harnesses
+	bash .ci/with-dockerd.sh $(VENV)/bin/python -m pytest -q tests
+
+demo: install sysdeps
 	$(VENV)/bin/python -m harness_recipes.demo
 
 clean:
