@@ -81,6 +81,13 @@ class Call:
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
+    # Parsed answers and the id lists removed from them: freeing 20k Python ints costs ~0.2 ms,
+    # so they are dropped after the harness has its answer (drop_trash), not on its path.
+    trash: list[Any] = field(default_factory=list)
+    prompt_cache: Any = None  # idlists.PromptCache of the proxy (None: parse every answer whole)
+
+    def drop_trash(self) -> None:
+        self.trash = []
 
     @property
     def module(self):
@@ -137,6 +144,8 @@ def start_response(call: Call, status: int, content_type: str) -> Any:
         call.transform = TranslatedStream(call.cap, mod.extract, call.translator, mod.Assembler())
     else:
         call.transform = StreamFilter(call.cap, mod.extract, mod.Assembler())
+        if not call.plan.harness_flags & {"return_token_ids", "return_prompt_token_ids"}:
+            call.transform.prompt_cache, call.transform.cache_key = call.prompt_cache, call.episode_id
     return call.transform
 
 
@@ -157,8 +166,10 @@ def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
     if call.plan is None:
         call.response_text = body
         return None
+    own_ids = call.plan.harness_flags & {"return_token_ids", "return_prompt_token_ids"}
+    cache = call.prompt_cache if call.translator is None and not own_ids else None
     try:
-        obj = orjson.loads(body)
+        obj = cache.loads(call.episode_id, body) if cache is not None else orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         call.errors.append(f"response is not JSON ({exc}); passed through")
         call.response_text = body
@@ -170,6 +181,8 @@ def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
     call.cap = CallCapture(call.plan)
     mod = API_MODULES["chat" if call.translator is not None else call.api]
     mod.extract(call.cap, obj)
+    # hold what stripping takes out (see trash): the top level and each choice, shallowly
+    call.trash.append((obj, dict(obj), [dict(ch) for ch in obj.get("choices") or () if isinstance(ch, dict)]))
     if call.translator is not None:
         out = dumps_like_python(call.translator.response_from_chat(obj))
         call.response_text = out

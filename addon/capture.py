@@ -106,6 +106,8 @@ class CallCapture:
     def set_prompt(self, ids: Any) -> None:
         if isinstance(ids, list):
             self.prompt = array("i", ids)
+        elif isinstance(ids, array):  # already parsed by idlists.PromptCache (never mutated)
+            self.prompt = ids
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per choice: prompt_ids, completion_ids, completion_logprobs, finish_reason,

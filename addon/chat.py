@@ -2,6 +2,7 @@
 chunk of each dialect, and how a stream is reassembled into the one response the harness got."""
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from .capture import CallCapture
@@ -18,7 +19,7 @@ def _content_logprobs(ch: dict) -> list | None:
 
 def extract(cap: CallCapture, obj: dict) -> None:
     """Take ids/logprobs out of one chat response object or stream chunk (before stripping)."""
-    if isinstance(obj.get("prompt_token_ids"), list):  # vLLM, top level
+    if isinstance(obj.get("prompt_token_ids"), (list, array)):  # vLLM, top level
         cap.set_prompt(obj["prompt_token_ids"])
     ext = obj.get("sglext")
     if isinstance(ext, dict):  # SGLang streaming: one final chunk with all ids
@@ -39,7 +40,7 @@ def extract(cap: CallCapture, obj: dict) -> None:
         if not isinstance(ch, dict):
             continue
         acc = cap.choice(ch.get("index", 0))
-        if isinstance(ch.get("prompt_token_ids"), list):  # SGLang non-streaming
+        if isinstance(ch.get("prompt_token_ids"), (list, array)):  # SGLang non-streaming
             acc.prompt = None
             cap.set_prompt(ch["prompt_token_ids"])
         if "token_ids" in ch:  # vLLM (stream deltas / full list); newer SGLang non-streaming

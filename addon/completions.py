@@ -3,6 +3,7 @@ on the first chunk of a choice, ``token_ids`` deltas); logprobs use the legacy
 ``{tokens, token_logprobs, top_logprobs, text_offset}`` shape."""
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from .capture import CallCapture
@@ -16,8 +17,11 @@ def extract(cap: CallCapture, obj: dict) -> None:
         if not isinstance(ch, dict):
             continue
         acc = cap.choice(ch.get("index", 0))
-        if isinstance(ch.get("prompt_token_ids"), list):
-            acc.prompt = _arr(ch["prompt_token_ids"])
+        pids = ch.get("prompt_token_ids")
+        if isinstance(pids, list):
+            acc.prompt = _arr(pids)
+        elif isinstance(pids, array):  # parsed by idlists.PromptCache
+            acc.prompt = pids
         if "token_ids" in ch:
             acc.add_ids(ch["token_ids"])
         lp = ch.get("logprobs")

@@ -6,7 +6,6 @@ Thin on purpose: options and mitmproxy hooks only. The protocol logic lives in s
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -24,7 +23,8 @@ from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
-from addon.episodes import EpisodeEnding, EpisodeFinished, Episodes
+from addon.episodes import EpisodeFinished, Episodes
+from addon.idlists import PromptCache
 from polar_recon.logfile import warm_up
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 
@@ -63,6 +63,7 @@ class PolarAddon:
         self.episodes: Episodes | None = None
         self._auto: dict[str, str] = {}
         self._upstream: urllib.parse.SplitResult | None = None
+        self.prompt_cache = PromptCache()  # each episode's last prompt id list (idlists.py)
 
     # -- options ----------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -111,17 +112,6 @@ class PolarAddon:
             self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync)
             warm_up()
 
-    def running(self) -> None:
-        """Garbage collector tuning for a proxy that parses 80 KB JSON bodies (thousands of
-        containers each): freeze everything alive after start-up (mitmproxy, pyarrow, numpy: never
-        garbage) out of the collector's scans, and collect the youngest generation every 20,000
-        container allocations instead of 700. Measured (bench/bench_proxy.py, README): full
-        collections of a big heap were a visible share of the per-call cost; the addon frees its
-        large per-call buffers itself (capture.py), so less frequent collections hold little."""
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20_000, 20, 20)
-
     # -- hooks ------------------------------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
         req = flow.request
@@ -160,12 +150,14 @@ class PolarAddon:
             return
         try:
             dialect = await self._dialect(flow)
-        except BaseException:
+            c = calls.Call(r.episode_id, call_index, api, dialect, t_start, b"")
+            c.translator = translator
+            c.prompt_cache = self.prompt_cache
+            ok = self._prepare(flow, c)
+        except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
-        c = calls.Call(r.episode_id, call_index, api, dialect, t_start, b"")
-        c.translator = translator
-        if self._prepare(flow, c):
+        if ok:
             flow.metadata[META] = c
             if c.pending_request is not None:  # runs once the request is on its way upstream
                 asyncio.get_running_loop().call_soon(calls.finish_request_text, c)
@@ -301,6 +293,8 @@ class PolarAddon:
                     resp.status_code, resp.headers["content-type"] = c.reply
                 resp.content = new
         self._write(c)
+        if c.trash:  # freed once the answer is on its way (not SIGKILL-relevant: the row is written)
+            asyncio.get_running_loop().call_soon(c.drop_trash)
 
     def error(self, flow: http.HTTPFlow) -> None:
         c: calls.Call | None = flow.metadata.pop(META, None)

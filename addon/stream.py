@@ -14,6 +14,7 @@ import orjson
 
 from .capture import COMPACT_UTF8, CallCapture, dumps_fast, dumps_like, dumps_like_python, json_style
 from .dialects import strip_response
+from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
 
 
@@ -31,9 +32,13 @@ class _Base:
         self.saw_done = False
         self.saw_data = False
         self.closed = False
+        self.prompt_cache: Any = None  # idlists.PromptCache, for the big first chunk (vLLM prompt ids)
+        self.cache_key = ""
 
     def _parse(self, ev: Event) -> Any:
         try:
+            if self.prompt_cache is not None and len(ev.data_bytes) >= MIN_BYTES:
+                return self.prompt_cache.loads(self.cache_key, ev.data_bytes)
             return orjson.loads(ev.data_bytes)
         except orjson.JSONDecodeError as exc:
             self.cap.notes.append(f"unparseable stream event passed through: {exc}")

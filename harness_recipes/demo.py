@@ -62,15 +62,33 @@ def rollout(harness: str, proxy: str, logdir: Path, out: Path, samples: int) -> 
          "--concurrency", "2", "--prewarm", "2", "--recon", "none"], timeout=1800)
 
 
+def sampling_temperature(shards: Path, model: Path) -> float:
+    """The temperature polar-serve sampled the shards with: what the harness's requests asked for,
+    else (Pi asks for none) the model's generation_config.json default, as vLLM applies it. The
+    trainer must compute its logprobs at it; it checks every group (trainer/sampling_temperature.py)."""
+    import polars as pl
+
+    from trainer.sampling_temperature import generation_default, logprob_temperature
+
+    default = generation_default(model)
+    temps = pl.read_parquet(shards / "shard-*.parquet", columns=["temperature"])["temperature"].to_list()
+    found = sorted({logprob_temperature(t, default) for t in temps})
+    if len(found) != 1:
+        raise SystemExit(f"demo: the shards were sampled at several temperatures {found}; one run trains one")
+    return found[0]
+
+
 def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int) -> None:
+    temperature = sampling_temperature(shards, model)
+    print(f"sampling temperature {temperature:g} (the trainer's logprobs use the same)", flush=True)
+    # TRL's default importance sampling (sequence_mask, clip 3.0): with the trainer at the server's
+    # temperature the ratios are ~1, so no demo sequence is masked.
     run([sys.executable, "-m", "trainer.train_grpo", "--model", str(model), "--shards", str(shards),
          "--output_dir", str(ckpt), "--max_steps", str(steps), "--num_generations", str(samples),
          "--per_device_train_batch_size", str(samples), "--learning_rate", "1e-5", "--logging_steps", "1",
          "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--save_strategy", "no",
          "--gradient_checkpointing", "false", "--shard_wait_timeout", "60", "--torch_threads", "2",
-         # Truncate (not mask) large importance ratios: the default sequence-level mask drops every demo
-         # sequence, since the served and the trained logprobs of the tiny model differ (~0.25 nat/token).
-         "--vllm_importance_sampling_mode", "token_truncate"], timeout=1800)
+         "--temperature", f"{temperature:g}"], timeout=1800)
 
 
 def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> dict:

@@ -74,6 +74,8 @@ class Report:
     already: int = 0
     unfinished: list[str] = field(default_factory=list)
     no_reward: list[str] = field(default_factory=list)
+    # ended by the rollout with metadata.discard = true (Ctrl-C, infrastructure failure): no signal
+    discarded: list[str] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (file or episode, message)
     waiting: dict[str, int] = field(default_factory=dict)  # incomplete group -> episodes finished
     shards: list[Path] = field(default_factory=list)
@@ -81,6 +83,12 @@ class Report:
     tokens: int = 0
     trainable: int = 0
     timed_out_groups: list[str] = field(default_factory=list)
+
+
+def is_discarded(head: EpisodeHead) -> bool:
+    """The rollout node cut the episode short itself (harness_recipes: status error/interrupted)
+    and said so in the end record: its calls are no training signal, whatever its reward."""
+    return head.metadata.get("discard") is True
 
 
 def group_of(head: EpisodeHead, group_by: str | None) -> str:
@@ -125,6 +133,10 @@ def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Ma
             continue
         if not head.finished:
             report.unfinished.append(head.episode_id)
+            continue
+        if is_discarded(head):
+            report.discarded.append(head.episode_id)
+            manifest.exclude(head.episode_id, "discard", head.metadata.get("status"))
             continue
         reward = (opts.rewards or {}).get(head.episode_id, head.reward)
         if reward is None:
@@ -243,6 +255,7 @@ def _build(logdir, manifest: Manifest, builder: Builder, opts: Options, report: 
     _write_groups(builder, manifest, ready, report, (lambda k: bar.update(k)) if bar else None)
     if bar:
         bar.close()
+    manifest.save_if_changed()
 
 
 def watch(logdir: str | os.PathLike, out: str | os.PathLike, opts: Options, *, poll: float = 2.0,
@@ -289,10 +302,11 @@ def _watch(logdir, manifest: Manifest, builder: Builder, opts: Options, poll, gr
             last_activity = time.monotonic()
         for p, _ in cycle.errors:
             skip[Path(p).name] = _mtime(Path(p))
-        for eid in cycle.no_reward:
+        for eid in cycle.no_reward + cycle.discarded:
             skip[eid + ".arrow"] = _mtime(Path(logdir) / (eid + ".arrow"))
+        manifest.save_if_changed()
         _merge(total, cycle, reported)
-        if on_report and (ready or cycle.errors or cycle.no_reward):
+        if on_report and (ready or cycle.errors or cycle.no_reward or cycle.discarded):
             on_report(cycle)
         if idle_exit is not None and time.monotonic() - last_activity >= idle_exit and not pending:
             break
@@ -317,7 +331,10 @@ def _merge(total: Report, cycle: Report, reported: set[str]) -> None:
     # a bad file is seen again every poll: report each one once
     cycle.errors = [(p, m) for p, m in cycle.errors if p not in reported]
     cycle.no_reward = [e for e in cycle.no_reward if e not in reported]
+    cycle.discarded = [e for e in cycle.discarded if e not in reported]
     reported.update(p for p, _ in cycle.errors)
     reported.update(cycle.no_reward)
+    reported.update(cycle.discarded)
     total.errors += cycle.errors
     total.no_reward += cycle.no_reward
+    total.discarded += cycle.discarded

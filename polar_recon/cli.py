@@ -26,6 +26,9 @@ def _echo_report(r: Report, out: Path | None = None) -> None:
         click.echo(f"error: {msg if path in msg else f'{path}: {msg}'}", err=True)
     if r.no_reward:
         click.echo(f"excluded, no reward ({len(r.no_reward)}): {', '.join(sorted(r.no_reward))}", err=True)
+    if r.discarded:
+        click.echo(f"excluded, discarded by the rollout (metadata.discard) ({len(r.discarded)}): "
+                   f"{', '.join(sorted(r.discarded))}", err=True)
     if r.unfinished:
         click.echo(f"not finished, skipped ({len(r.unfinished)}): {', '.join(sorted(r.unfinished))}", err=True)
     for gid, n in sorted(r.waiting.items()):
@@ -134,6 +137,10 @@ def inspect(episode, logdir, as_json, tokenizer):
     except LogError as exc:
         raise click.ClickException(str(exc))
     rows = inspect_rows(ep, TurnMarkers.load(tokenizer))
+    discarded = ep.metadata.get("discard") is True
+    if discarded:  # stderr: keeps --json output one object per call
+        click.echo(f"{ep.episode_id}: DISCARDED by the rollout (metadata.discard, status "
+                   f"{ep.metadata.get('status')!r}): build and watch exclude it", err=True)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))
@@ -142,6 +149,7 @@ def inspect(episode, logdir, as_json, tokenizer):
     from rich.table import Table
 
     t = Table(title=f"{ep.episode_id}: {'finished' if ep.finished else 'NOT finished'}, reward {ep.reward}"
+                    + (", DISCARDED (not built)" if discarded else "")
                     + (", torn tail cut" if ep.truncated else ""))
     for c in rows[0] if rows else ["call"]:
         t.add_column(c)
@@ -196,6 +204,8 @@ def stats(out, as_json):
         click.echo(json.dumps(s))
         return
     for k, v in s.items():
+        if k == "discarded_ids":
+            continue
         if k != "reward_histogram":
             click.echo(f"{k:18} {v}")
     click.echo("reward histogram:")

@@ -230,7 +230,10 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     comps = _list_column(calls_t.column("completion_ids"), np.int32)
     lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
-    requests = _full_requests(calls_t) if with_requests else []  # request text is delta-coded on disk
+    # request text is delta-coded on disk: rebuilt for every row, parsed only where needed
+    all_requests = _full_requests(calls_t)
+    temperatures = [request_temperature(r) for r in all_requests]
+    requests = all_requests if with_requests else []
     seqs: list[np.ndarray | None] = []  # per row: prompt + completion in one buffer
     calls: list[Call] = []
     for i in range(calls_t.num_rows):
@@ -252,6 +255,7 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
             completion = None if comp is None else seq[len(prompt):]
         seqs.append(seq)
         info = {c: scalars[c][i] for c in _SCALARS}
+        info["temperature"] = temperatures[i]
         lp = lps[i]
         if comp is not None and lp is not None and len(lp) != len(comp):
             info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(comp)} completion ids"
@@ -260,6 +264,24 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
                           base if prompt is not None else -1, n if prompt is not None else 0))
     calls.sort(key=lambda c: (c.call_index, c.info.get("choice") or 0))
     return Episode(path, episode_id_of(path), calls, finished, reward, metadata, torn, requests)
+
+
+_TEMPERATURE_KEY = '"temperature"'
+
+
+def request_temperature(request: str | None) -> float | None:
+    """The sampling temperature the request asked for; None when it set none (the server then
+    applies its model's generation_config.json default, as vLLM and SGLang do). The trainer must
+    compute its logprobs at the temperature the server sampled with, so shards carry it.
+    Requests without the key (most harnesses) are not parsed at all."""
+    if not request or _TEMPERATURE_KEY not in request:
+        return None
+    try:
+        body = json.loads(request)
+    except json.JSONDecodeError:
+        return None
+    t = body.get("temperature") if isinstance(body, dict) else None
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
 def iter_heads(paths: list[Path]) -> Iterator[tuple[Path, EpisodeHead | LogError]]:

@@ -454,9 +454,13 @@ class EpisodeWriter:
                 prompt = np.asarray(prompt_ids, dtype=np.int32)
                 base, n = -1, 0
                 for r in reversed(self._recent):
+                    if len(r.seq) <= n:  # cannot share more than the best so far
+                        continue
                     k = _common_prefix(r.seq, prompt)
                     if k > n:
                         base, n = r.row, k
+                        if n == len(prompt):  # the whole prompt: nothing can share more
+                            break
                 row.update(prompt_base_row=base, prompt_base_len=n,
                            prompt_tail_zstd=pack(prompt[n:].astype("<i4", copy=False).tobytes()))
                 seq = prompt if comp is None else np.concatenate([prompt, comp])

@@ -2,9 +2,11 @@
 the CLI prints them)."""
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -13,7 +15,7 @@ import polars as pl
 from .episodes import Episode, list_logs, read_calls
 from .link import CLEAN, REALIGN, TurnMarkers, common_prefix, link_calls, segments
 from .logfile import LogError
-from .shards import list_shards
+from .shards import MANIFEST, list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
 
 
@@ -43,6 +45,7 @@ def inspect_rows(ep: Episode, m: TurnMarkers) -> list[dict[str, Any]]:
             "status": i.get("status"),
             "finish": i.get("finish_reason"),
             "weights": i.get("weight_version"),
+            "temperature": i.get("temperature"),  # as requested; None: the server's default
             "error": i.get("error") or (n.note or None),
         })
     return rows
@@ -138,6 +141,9 @@ def drift(logdir: str | os.PathLike, m: TurnMarkers, retok: Retokenizer, harness
             if not ep.finished:
                 d.skipped.append((str(p), "unfinished"))
                 continue
+            if ep.metadata.get("discard") is True:
+                d.skipped.append((str(p), "discarded by the rollout (metadata.discard)"))
+                continue
             drift_episode(ep, m, retok, d, str(ep.metadata.get(harness_key, "unknown")))
         except (LogError, ReconError) as exc:
             d.skipped.append((str(p), str(exc)))
@@ -179,4 +185,16 @@ def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
         "reward_mean": float(r.mean()), "reward_std": float(r.std() or 0.0),
         "reward_min": float(r.min()), "reward_max": float(r.max()),
         "reward_histogram": [(float(a), float(b), int(c)) for a, b, c in zip(hist[1][:-1], hist[1][1:], hist[0])],
+        **_excluded(out),
     }
+
+
+def _excluded(out: str | os.PathLike) -> dict[str, Any]:
+    """Episodes the builds saw and left out on purpose (the manifest keeps them; shards cannot)."""
+    path = Path(out) / MANIFEST
+    try:
+        excluded = json.loads(path.read_text()).get("excluded") or {}
+    except (OSError, ValueError, AttributeError):
+        excluded = {}
+    ids = sorted(e for e, v in excluded.items() if isinstance(v, dict) and v.get("reason") == "discard")
+    return {"discarded": len(ids), "discarded_ids": ids}

@@ -40,6 +40,9 @@ SHARD_SCHEMA = pa.schema([
     pa.field("model", pa.string()),
     pa.field("group_size", pa.int32()),
     pa.field("group_complete", pa.bool_()),
+    # The sampling temperature the requests asked for; null: they set none and the server applied
+    # its model's generation_config.json default. The trainer's logprobs must use the same one.
+    pa.field("temperature", pa.float64()),
 ])
 
 
@@ -85,6 +88,7 @@ class GroupRows:
             "model": pa.array([s.model for _, _, s in seqs], pa.string()),
             "group_size": pa.array([len(self.episodes)] * n, pa.int32()),
             "group_complete": pa.array([self.complete] * n, pa.bool_()),
+            "temperature": pa.array([s.temperature for _, _, s in seqs], pa.float64()),
         }
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
 
@@ -148,6 +152,10 @@ class Manifest:
     strategy: str
     next_shard: int = 0
     episodes: dict[str, dict] = field(default_factory=dict)  # episode_id -> {"shard": n, "group": g}
+    # episodes seen and deliberately not built (e.g. discarded by the rollout): episode_id ->
+    # {"reason": ..., "status": ...}; for `stats`, and so the count survives across builds
+    excluded: dict[str, dict] = field(default_factory=dict)
+    _dirty: bool = False
 
     @classmethod
     def open(cls, out: str | os.PathLike, strategy: str) -> "Manifest":
@@ -160,6 +168,7 @@ class Manifest:
             try:
                 data = json.loads(path.read_text())
                 m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
+                m.excluded = dict(data.get("excluded") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -206,12 +215,23 @@ class Manifest:
         self.next_shard = max(self.next_shard, writer.number + 1)
         self.save()
 
+    def exclude(self, episode_id: str, reason: str, status=None) -> None:
+        entry = {"reason": reason, "status": status}
+        if self.excluded.get(episode_id) != entry:
+            self.excluded[episode_id] = entry
+            self._dirty = True
+
+    def save_if_changed(self) -> None:
+        if self._dirty:
+            self.save()
+
     def save(self) -> None:
         path = self.out / MANIFEST
         tmp = self.out / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
-                                   "episodes": self.episodes}, sort_keys=True))
+                                   "episodes": self.episodes, "excluded": self.excluded}, sort_keys=True))
         os.replace(tmp, path)
+        self._dirty = False
 
     def new_shard(self) -> ShardWriter:
         w = ShardWriter(self.out, self.next_shard)

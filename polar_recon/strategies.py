@@ -41,11 +41,24 @@ class Sequence:
     weight_version: str | None
     model: str | None
     calls: list[int]  # call_index of each merged call
+    # the temperature the calls' requests asked for (None: none set, the server's default applied)
+    temperature: float | None = None
 
     @property
     def prompt_len(self) -> int:
         ones = np.flatnonzero(self.loss_mask)
         return int(ones[0]) if len(ones) else len(self.loss_mask)
+
+
+def chain_temperature(ep: Episode, calls: list[Call]) -> float | None:
+    """The one sampling temperature of a sequence's calls. Calls sampled at different temperatures
+    cannot share one importance ratio, so they are an error for the episode, named."""
+    temps = {c.info.get("temperature") for c in calls}
+    if len(temps) > 1:
+        shown = ", ".join(f"call {c.call_index}: {c.info.get('temperature')}" for c in calls)
+        raise ReconError(f"{ep.path}: one sequence's calls asked for different temperatures ({shown}; "
+                         "None = the server's default); the trainer computes logprobs at one temperature")
+    return temps.pop() if temps else None
 
 
 def oldest_version(versions: list[str | None]) -> str | None:
@@ -66,7 +79,7 @@ def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_real
     return Sequence(
         ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
         oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
-        [c.call_index for c in calls],
+        [c.call_index for c in calls], chain_temperature(ep, calls),
     )
 
 
@@ -200,7 +213,8 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         ids, mask, lps = retok.sequence(text, [(c.completion, c.logprobs) for c in calls])
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),
-                            calls[0].info.get("model"), [c.call_index for c in calls]))
+                            calls[0].info.get("model"), [c.call_index for c in calls],
+                            chain_temperature(ep, calls)))
     return out
 
 

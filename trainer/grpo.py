@@ -23,8 +23,11 @@ pi_old: when TRL computed ``old_per_token_logps`` (misaligned steps) it is used;
 detached current logps in the loss, which equal the policy's logps at generation time, and one
 no-grad forward computes them here for the ratio (what TRL does for its vLLM path).
 
-Temperature: the trainer's logps divide the logits by ``temperature``; set it to the sampling
-temperature the server used, or the ratio measures the temperature, not the staleness.
+Temperature: the trainer's logps divide the logits by ``temperature``; it must be the sampling
+temperature the server used, or the ratio measures the temperature, not the staleness. Shards
+record each row's requested temperature and every group is checked against ``temperature``
+(trainer/sampling_temperature.py; a request without one got the served model's
+generation_config.json default).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer.is_correction import MODES, is_ratio
+from trainer.sampling_temperature import check_rows, generation_default
 from trainer.rollout import POLICIES, RolloutStats, fit_group, rows_to_columns
 from trainer.shard_source import ShardCursor, ShardSource
 
@@ -79,6 +83,10 @@ class PolarGRPOConfig(GRPOConfig):
         "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
     sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
     lora_name: str = field(default="polar", metadata={"help": "Adapter name for sync_mode=vllm_lora."})
+    served_default_temperature: float | None = field(default=None, metadata={
+        "help": "The temperature the server applies to requests that set none (its model's "
+        "generation_config.json). Default: the policy model's generation_config. Every shard row's "
+        "sampling temperature must equal --temperature (trainer/sampling_temperature.py)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -123,11 +131,14 @@ class ShardRollout:
     """The ``rollout_func``: pulls len(prompts)/G groups from the source, G rows each."""
 
     def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
-                 wait_timeout: float | None = None):
+                 wait_timeout: float | None = None, temperature: float | None = None,
+                 served_default_temperature: float = 1.0):
         self.source = source
         self.g = num_generations
         self.policy = policy
         self.wait_timeout = wait_timeout
+        self.temperature = temperature  # the trainer's; None: not checked
+        self.served_default_temperature = served_default_temperature
         self.stats = RolloutStats()
 
     def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
@@ -136,6 +147,9 @@ class ShardRollout:
         rows: list[dict] = []
         while len(rows) < len(prompts):
             group = self.source.next_group(self.wait_timeout)
+            if self.temperature is not None:
+                check_rows(group.rows, self.temperature, self.served_default_temperature,
+                           f"group {group.group_id} of {group.shard}")
             fitted, note = fit_group(group, self.g, self.policy)
             if fitted is None:
                 self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
@@ -184,8 +198,11 @@ class PolarGRPOTrainer(GRPOTrainer):
             source = ShardSource(args.shards, poll_interval=args.shard_poll_interval,
                                  max_policy_lag=args.max_policy_lag, drop_incomplete=args.drop_incomplete_groups)
         self.shard_source = source
+        served_t = args.served_default_temperature
+        if served_t is None:
+            served_t = generation_default(model)
         self.shard_rollout = ShardRollout(source, args.num_generations, args.group_size_policy,
-                                          args.shard_wait_timeout)
+                                          args.shard_wait_timeout, args.temperature, served_t)
         self.polar_is_stats: dict[str, float] = {}
         callbacks = [ShardCursorCallback(source), *(callbacks or [])]
         if args.sync_server:

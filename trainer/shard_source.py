@@ -53,7 +53,8 @@ CURSOR_FILE = "polar_shard_cursor.json"
 REQUIRED_COLUMNS = (
     "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
 )
-OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy")
+OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy",
+                    "temperature")
 
 
 class ShardFormatError(ValueError):

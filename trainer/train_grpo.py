@@ -7,7 +7,9 @@
         [--sync_server http://127.0.0.1:8000 --sync_steps 1 --sync_mode polar] [--resume] [--config FILE.yaml]
 
 Every GRPOConfig / TrainingArguments flag works (TrlParser, YAML via --config). Set --temperature to the
-sampling temperature of the server, or the importance ratios compare different distributions.
+sampling temperature of the server, or the importance ratios compare different distributions: every
+group is checked (shards record the requested temperature; a request without one got the model's
+generation_config.json default, e.g. 0.6 for Qwen3) and a mismatch stops training with the value to pass.
 """
 from __future__ import annotations
 

@@ -324,3 +324,26 @@ def test_upstream_down_is_recorded(tmp_path):
         assert row["status"] is None and "connection failed before a response" in row["error"]
         assert row["completion_ids"] is None
         assert post(px.url + "/v1/chat/completions", CHAT, episode=e)[0] == 502  # still serving
+
+
+def test_long_growing_prompts_ids_exact(stack):
+    """Prompt id lists of 10k+ ids, growing call by call in one episode (the proxy reuses the
+    episode's previous list bytes, idlists.py): the harness's bytes and the logged ids are exact."""
+    dialect, be, px, logdir = stack
+    e = ep()
+    msgs = [{"role": "user", "content": "x" * 40000}]
+    n = 0
+    for turn in range(3):
+        for stream in (False, True):
+            if dialect == "sglang" and stream:
+                continue  # SGLang streams carry ids in sglext, not prompt_token_ids
+            body = {"model": "fake-model", "messages": msgs, "stream": stream}
+            st_d, direct, _ = post(be.url + "/v1/chat/completions", body, stream=stream)
+            st_p, proxied, _ = post(px.url + "/v1/chat/completions", body, episode=e, stream=stream)
+            assert st_d == st_p == 200 and proxied == direct
+            row = read_log(logdir / f"{e}.arrow").row(n, named=True)
+            n += 1
+            prompt, comp = server_ids(be, "chat", body, dialect)
+            assert len(prompt) > 10000 and row["error"] is None
+            assert row["prompt_ids"] == prompt and row["completion_ids"] == comp
+        msgs = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "y" * (1000 * (turn + 1))}]

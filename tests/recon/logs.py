@@ -145,10 +145,11 @@ class Conversation:
         self.rng = np.random.default_rng(seed)
         self.weight_version, self.model = weight_version, model
         self.recorded: list[Recorded] = []
+        self.sampling: dict[str, Any] = {}  # sampling fields the harness sends (most send none)
 
     def request(self) -> dict:
         body = {"model": self.model, "messages": copy.deepcopy(self.messages), "stream": True,
-                "chat_template_kwargs": {"enable_thinking": self.thinking}}
+                "chat_template_kwargs": {"enable_thinking": self.thinking}, **self.sampling}
         if self.tools:
             body["tools"] = self.tools
         return body

@@ -39,6 +39,10 @@ def make_logdir(d: Path) -> dict:
                                    metadata={"task_id": task, "harness": "tidy" if k == 0 else "qwen-code"},
                                    harness="tidy" if k == 0 else "qwen-code", seed=g * 10 + k)
     L.episode(d, "no-reward", simple, reward=None, metadata={"task_id": "t1"}, harness="tidy")
+    # ended by the rollout after Ctrl-C (harness_recipes/scheduler.py _metadata): a reward, a group,
+    # complete calls - and still no training signal
+    L.episode(d, "discarded", simple, reward=0.0, harness="tidy",
+              metadata={"task_id": "t1", "group_id": "t1", "status": "interrupted", "discard": True})
 
     def cut(c):
         c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
@@ -69,6 +73,7 @@ def test_build_reports_bad_logs_and_builds_the_rest(tmp_path):
     assert code == 1  # an error was reported...
     assert "corrupt.arrow" in text and "not an Arrow IPC stream" in text
     assert "no reward (1): no-reward" in text
+    assert "discarded by the rollout (metadata.discard) (1): discarded" in text
     assert "cut-off" in text and "torn" in text and "not finished" in text
     df = read_shards(out)  # ...and everything else was built
     assert sorted(df["episode_id"].unique().to_list()) == sorted(convs)
@@ -215,11 +220,16 @@ def test_inspect_stats_drift(tmp_path):
     s = json.loads(text)
     assert s["episodes"] == 4 and s["groups"] == 2 and s["segments"] == 4 and s["reward_max"] == 2.0
     assert s["trainable_tokens"] > 0 and s["realigned_turns"] == 4
+    assert s["discarded"] == 1 and s["discarded_ids"] == ["discarded"]
+    code, text = run("inspect", "discarded", "--logdir", logdir)
+    assert code == 0 and "DISCARDED" in text and "'interrupted'" in text
+    code, text = run("inspect", "ep-t1-0", "--logdir", logdir)
+    assert code == 0 and "DISCARDED" not in text
     code, text = run("stats", out)
-    assert "reward histogram" in text
+    assert "reward histogram" in text and "discarded          1" in text
     code, text = run("drift", logdir, "--json")
     d = json.loads(text.splitlines()[-1])
-    assert d["episodes"] == 5  # the 4 + the one without reward; unfinished and corrupt skipped
+    assert d["episodes"] == 5  # the 4 + the one without reward; unfinished, discarded and corrupt skipped
     assert 0 < d["retokenize_differing_share"] < 1 and d["retokenize_sequences_affected"] == 2
     assert d["links_by_harness"]["qwen-code"]["REALIGN"] == 4 and d["links_by_harness"]["tidy"]["CLEAN"] == 4
 
@@ -302,11 +312,32 @@ def test_watch_cli_exits_when_idle(tmp_path):
     logdir.mkdir()
     L.episode(logdir, "a", simple, harness="tidy")
     L.episode(logdir, "b", simple, reward=None, harness="tidy")
+    L.episode(logdir, "c", simple, reward=1.0, harness="tidy", metadata={"status": "error", "discard": True})
     code, text = run("watch", logdir, out, "--poll", "0.05", "--idle-exit", "0.3")
     assert code == 0 and "watch done: 1 episodes, 1 shards" in text
     assert text.count("no reward (1): b") == 1  # reported once, not every poll
+    assert text.count("discarded by the rollout (metadata.discard) (1): c") == 1
     code, text = run("watch", logdir, out, "--group-by", "task_id")
     assert code == 2 and "needs --group-size" in text
+
+
+def test_a_discarded_episode_never_completes_a_group(tmp_path):
+    """A group of 2 where one episode was discarded (Ctrl-C) waits for a real second episode."""
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    logdir.mkdir()
+    L.episode(logdir, "a0", simple, metadata={"group_id": "a"}, harness="tidy")
+    L.episode(logdir, "a1", simple, metadata={"group_id": "a", "status": "interrupted", "discard": True},
+              harness="tidy")
+    L.episode(logdir, "b0", simple, metadata={"group_id": "b"}, harness="tidy")
+    L.episode(logdir, "b1", whitespace, metadata={"group_id": "b"}, harness="qwen-code")
+    rep = build(logdir, out, Options(group_size=2))
+    assert rep.discarded == ["a1"] and rep.waiting == {"a": 1} and sorted(rep.built) == ["b0", "b1"]
+    assert sorted(read_shards(out)["episode_id"].unique()) == ["b0", "b1"]
+    # the retry under a new attempt id completes the group
+    L.episode(logdir, "a1.a1", simple, metadata={"group_id": "a"}, harness="tidy")
+    rep = build(logdir, out, Options(group_size=2))
+    assert sorted(rep.built) == ["a0", "a1.a1"] and rep.discarded == ["a1"]
+    assert "a1" not in set(read_shards(out)["episode_id"])
 
 
 def test_one_builder_per_out(tmp_path):
@@ -339,3 +370,70 @@ def test_trainer_shard_source_reads_the_shards(tmp_path):
     assert sorted(g.group_id for g in groups) == ["t1", "t2"]
     assert sorted(e for g in groups for e in g.episodes) == sorted(convs)
     assert all(g.complete and g.version == 1 for g in groups)
+
+
+def test_auxiliary_calls_between_agent_calls_are_left_out_of_the_shards(tmp_path):
+    """Claude Code's title call can land between two agent calls (recipes' [[auxiliary]], flagged by
+    the addon's translator): recorded in the log, never part of a trained sequence."""
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+
+    def run_(c):
+        c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
+        L.auxiliary_call(c.w)
+        c.call(L.Sample("Check it.", "", [("run_shell", json.dumps({"command": "cat hello.txt"}))]), results=["hi"])
+        L.auxiliary_call(c.w, "Write a 5-word title for: check hello.txt")
+        c.call(L.Sample("Done.", "hello.txt contains hi.", []))
+    conv = L.episode(logdir, "e", run_, harness="tidy")
+    aux_ids = L.encode('{"title": "Create hello file"}<|im_end|>')
+    for strategy, n_seqs in (("token", 1), ("per-call", 3)):
+        out = tmp_path / strategy
+        rep = build(logdir, out, Options(strategy=strategy))
+        assert rep.built == ["e"] and not rep.errors
+        df = read_shards(out)
+        assert df.height == n_seqs and df["n_calls"].sum() == 3
+        trained = [x for row in df.iter_rows(named=True)
+                   for x, m in zip(row["input_ids"], row["loss_mask"]) if m]
+        assert trained == sum((r.completion_ids for r in conv.recorded), [])
+        for row in df.iter_rows(named=True):  # neither the title prompt nor its answer sits anywhere
+            text = L.tokenizer().decode(row["input_ids"])
+            assert "5-word title" not in text and '"title"' not in text
+            ids = row["input_ids"]
+            assert not any(ids[k:k + len(aux_ids)] == aux_ids for k in range(len(ids)))
+
+
+def test_shards_carry_the_requested_sampling_temperature(tmp_path):
+    """The trainer must compute logprobs at the server's sampling temperature: each row says what
+    the requests asked for (null: nothing, the server's generation_config default applied)."""
+    from polar_recon.episodes import request_temperature
+
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+
+    def at(t):
+        def run_(c):
+            if t is not None:
+                c.sampling = {"temperature": t, "top_p": 0.9}
+            simple(c)
+        return run_
+
+    def mixed(c):
+        c.sampling = {"temperature": 0.7}
+        c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
+        c.sampling = {"temperature": 1.0}
+        c.call(L.Sample("Done.", "Done.", []))
+    L.episode(logdir, "warm", at(0.7), harness="tidy")
+    L.episode(logdir, "default", at(None), harness="tidy")
+    L.episode(logdir, "greedy", at(0), harness="tidy")
+    L.episode(logdir, "mixed", mixed, harness="tidy")
+    rep = build(logdir, tmp_path / "out", Options())
+    assert sorted(rep.built) == ["default", "greedy", "warm"]
+    assert [(p, m) for p, m in rep.errors if "mixed" in p and "different temperatures" in m
+            and "call 0: 0.7" in m and "call 1: 1.0" in m]
+    df = read_shards(tmp_path / "out")
+    got = dict(zip(df["episode_id"], df["temperature"]))
+    assert got == {"warm": 0.7, "default": None, "greedy": 0.0}
+    # only the top-level field counts; a message that talks about temperature is not a setting
+    assert request_temperature(json.dumps({"messages": [{"content": '"temperature": 3'}]})) is None
+    assert request_temperature(json.dumps({"temperature": 1, "messages": []})) == 1.0
+    assert request_temperature(None) is None

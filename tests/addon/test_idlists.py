@@ -1,0 +1,79 @@
+"""idlists.PromptCache: the same parsed answer as orjson, whatever the previous list was."""
+from __future__ import annotations
+
+import json
+import random
+from array import array
+
+import orjson
+import pytest
+
+from addon.idlists import PromptCache
+
+
+def vllm_answer(prompt: list[int], spaced: bool = False) -> bytes:
+    obj = {"id": "c", "choices": [{"index": 0, "message": {"content": 'say "prompt_token_ids":[1,2]'},
+                                   "token_ids": [5, 6]}], "prompt_token_ids": prompt}
+    return json.dumps(obj).encode() if spaced else orjson.dumps(obj)
+
+
+def plain(obj):
+    if isinstance(obj, array):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def test_growing_prompts_reuse_and_match_orjson():
+    rng = random.Random(0)
+    cache = PromptCache()
+    prompt = [rng.randrange(151000) for _ in range(3000)]
+    for turn in range(12):
+        for spaced in (False, True):
+            raw = vllm_answer(prompt, spaced)
+            got = cache.loads("e", raw)
+            assert isinstance(got["prompt_token_ids"], array)
+            assert plain(got) == orjson.loads(raw)
+        prompt = prompt + [rng.randrange(151000) for _ in range(rng.randrange(1, 500))]
+    assert cache.hits > 0
+
+
+@pytest.mark.parametrize("prev,new", [
+    ([12] * 2000, [123] * 2000),  # a number that is a prefix of another
+    ([7] * 3000, [7] * 1500),  # a shorter list
+    ([1, 2, 3] * 1000, [9] + [1, 2, 3] * 1000),  # differs at once
+    ([5] * 2000, [5] * 2000 + [55]),
+])
+def test_edge_cases_match_orjson(prev, new):
+    cache = PromptCache()
+    for ids in (prev, new, prev):
+        raw = vllm_answer(ids)
+        assert plain(cache.loads("e", raw)) == orjson.loads(raw)
+
+
+def test_sglang_choice_level_and_fallbacks():
+    cache = PromptCache()
+    ids = list(range(5000))
+    sg = orjson.dumps({"choices": [{"index": 0, "prompt_token_ids": ids, "response_token_ids": [1]}]})
+    got = cache.loads("s", sg)
+    assert isinstance(got["choices"][0]["prompt_token_ids"], array) and plain(got) == orjson.loads(sg)
+    # the key twice (n=2), nested elsewhere, small lists, not ints: parsed whole, same result
+    two = orjson.dumps({"choices": [{"prompt_token_ids": ids}, {"prompt_token_ids": ids}]})
+    nested = orjson.dumps({"x": {"prompt_token_ids": ids}})
+    floats = orjson.dumps({"prompt_token_ids": [0.5] * 3000})
+    small = orjson.dumps({"prompt_token_ids": [1, 2]})
+    for raw in (two, nested, floats, small):
+        got = cache.loads("s", raw)
+        assert got == orjson.loads(raw) and not any(isinstance(v, array) for v in got.values())
+    with pytest.raises(orjson.JSONDecodeError):
+        cache.loads("s", b'{"prompt_token_ids":[' + b"1," * 3000 + b"2]")  # truncated answer
+
+
+def test_bounded():
+    cache = PromptCache(max_episodes=2)
+    for e in "abc":
+        cache.loads(e, vllm_answer(list(range(3000))))
+    assert list(cache._last) == ["b", "c"]

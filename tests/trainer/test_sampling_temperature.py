@@ -1,0 +1,114 @@
+"""The trainer computes its logprobs at the temperature the server sampled with.
+
+The demo's 0.25 nat/token mismatch: Pi sends no temperature, so polar-serve (like vLLM and SGLang)
+applied the model's generation_config.json default (0.6 for Qwen3), while TRL's logprobs used its
+default temperature 1.0; the sequence-level IS mask then dropped every sequence. Here a call goes
+through the real stack with Pi's real sampling fields (none), and the trainer's own logprobs of the
+same tokens are compared with the served ones.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from harness_recipes.stack import capture_proxy, serve
+from polar_recon.build import Options, build
+from tests.trainer.test_grpo_trainer import config, trainer, unpad
+from trainer.sampling_temperature import TemperatureMismatch, check_rows, generation_default, logprob_temperature
+
+# What Pi 0.73 sends besides messages/tools (recorded in a demo capture log): no sampling fields.
+PI_FIELDS = {"model": "polar-model", "stream": True, "stream_options": {"include_usage": True}, "store": False,
+             "max_completion_tokens": 16384}
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+SCRIPT = {"turns": [{"reasoning": "The user wants a greeting file.",
+                     "tool_calls": [{"tool": "bash", "arguments": {"command": "echo hi > hello.txt"}}]}],
+          "fallback": {"content": "Done: hello.txt contains hi."}}
+
+
+def pi_call(proxy: str, episode: str, task: str) -> None:
+    body = {**PI_FIELDS, "messages": [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": task}], "tools": [BASH]}
+    req = urllib.request.Request(proxy + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "x-polar-episode": episode})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        text = r.read().decode()
+    assert "data: [DONE]" in text, text[-500:]
+
+
+def end(proxy: str, episode: str, reward: float, group: str) -> None:
+    req = urllib.request.Request(f"{proxy}/polar/{episode}/end", method="POST",
+                                 data=json.dumps({"reward": reward, "metadata": {"group_id": group}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
+@pytest.fixture(scope="module")
+def pi_shards(tmp_path_factory, tiny_dir):
+    served_default = json.loads((tiny_dir / "generation_config.json").read_text()).get("temperature")
+    assert served_default == 0.6, f"{tiny_dir}: expected Qwen3's generation_config temperature 0.6, got {served_default}"
+    work = tmp_path_factory.mktemp("pi")
+    script = work / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    with serve(tiny_dir, script=script) as srv, capture_proxy(srv.url, work / "logs") as proxy:
+        for e in range(2):
+            pi_call(proxy.url, f"g0-e{e}", f"Task {e}: create hello.txt containing hi.")
+            end(proxy.url, f"g0-e{e}", float(e), "g0")
+    rep = build(work / "logs", work / "shards", Options(group_size=2))
+    assert sorted(rep.built) == ["g0-e0", "g0-e1"] and not rep.errors, rep
+    return work
+
+
+def test_trainer_logprobs_equal_served_ones_at_the_sampling_temperature(pi_shards, tiny_dir, tmp_path):
+    rows = pq.read_table(next((pi_shards / "shards").glob("shard-*.parquet"))).to_pylist()
+    assert [r["temperature"] for r in rows] == [None, None]  # Pi set none: the server's default applied
+    # TRL's default IS mode: a temperature gap of 0.25 nat/token would mask every sequence
+    cfg = config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, temperature=0.6,
+                 per_device_train_batch_size=2)
+    assert cfg.vllm_importance_sampling_mode == "sequence_mask"
+    t = trainer(tiny_dir, cfg)
+    t.train()
+    got = t.gens[0]
+    pi_old = t._policy_logps(got)
+    for i, r in enumerate(rows):
+        u = unpad(got, i)
+        m = torch.tensor(u["env_mask"]).bool()
+        served = u["logps"][m]
+        assert len(served) > 20  # the scripted reasoning + tool call
+        diff = (pi_old[i][: len(u["env_mask"])][m] - served).abs()
+        assert diff.max() < 1e-3, (r["episode_id"], diff)
+    st = got["is_stats"]
+    assert st["clipped_frac"] == 0.0 and st["min"] == pytest.approx(1.0, abs=0.05), st
+    # ...and at TRL's default temperature the same tokens are what the demo reported: far off
+    ids = torch.cat([got["prompt_ids"], got["completion_ids"]], 1)[:1]
+    with torch.no_grad():
+        logits = t.model(ids).logits[0, got["prompt_ids"].shape[1] - 1:-1].float()
+    at1 = torch.log_softmax(logits, -1).gather(-1, got["completion_ids"][0][:, None])[:, 0]
+    m = got["completion_mask"][0].bool() & got["tool_mask"][0].bool()
+    assert (at1[m] - got["sampling_per_token_logps"][0][m]).mean().abs() > 0.05
+
+
+def test_trainer_refuses_a_temperature_other_than_the_servers(pi_shards, tiny_dir, tmp_path):
+    t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0,
+                                 per_device_train_batch_size=2))  # TRL default temperature: 1.0
+    with pytest.raises(TemperatureMismatch, match=r"temperature 0\.6 \(the requests set none.*generation_config"
+                                                  r".*g0-e0, g0-e1.*Pass --temperature 0\.6"):
+        t.train()
+    # a server that ran another model: its default given explicitly
+    cfg = config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, served_default_temperature=1.0,
+                 per_device_train_batch_size=2,
+                 max_steps=1)
+    trainer(tiny_dir, cfg).train()
+
+
+def test_logprob_temperature_rules(tiny_dir):
+    assert generation_default(str(tiny_dir)) == 0.6 and generation_default(object()) == 1.0
+    assert logprob_temperature(None, 0.6) == 0.6 and logprob_temperature(0.8, 0.6) == 0.8
+    assert logprob_temperature(0.0, 0.6) == 1.0  # greedy: servers report unscaled logprobs
+    check_rows([{"episode_id": "a", "temperature": 0.0}, {"episode_id": "b"}], 1.0, 0.6, "g")  # no column: unchecked
+    with pytest.raises(TemperatureMismatch, match="Train these groups separately"):
+        check_rows([{"episode_id": "a", "temperature": 0.7}, {"episode_id": "b", "temperature": None}], 1.0, 0.6, "g")
