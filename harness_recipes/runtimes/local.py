@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 from ..tasks import Task
 from .base import ExecResult, Runtime, Sandbox, populate_workspace, run_process
+
+
+def _visible_under_tmp() -> list[str]:
+    """Paths the harness needs that a private /tmp would hide: the project (harness CLIs in
+    .cache/, recipes, scripts) and the Python environment, when a checkout lives under /tmp."""
+    from ..install import cache_root
+
+    project = Path(__file__).resolve().parents[2]
+    keep = {project, Path(sys.prefix).resolve(), cache_root().resolve()}
+    tmp = Path("/tmp").resolve()
+    return sorted(str(p) for p in keep if p.is_relative_to(tmp) and p != tmp and p.exists())
 
 
 def bwrap_available() -> bool:
@@ -46,7 +58,8 @@ class LocalSandbox(Sandbox):
         if not self.isolate:
             return argv
         root = str(self.root)
-        return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        keep = [a for p in _visible_under_tmp() for a in ("--ro-bind", p, p)]
+        return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *keep,
                 "--bind", root, root, "--unshare-pid", "--die-with-parent", "--chdir", cwd, "--", *argv]
 
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult:
