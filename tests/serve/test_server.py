@@ -138,8 +138,42 @@ def test_n_choices_non_streaming(srv):
     assert d["usage"]["completion_tokens"] == sum(map(len, ids)) == 12
     one = _post(srv, "/v1/chat/completions", _sampled_body(seed=6, max_tokens=4, **_ids_flags(srv.dialect))).json()
     assert one["choices"][0][key] == ids[1]  # choice i is seeded with seed + i
-    r = _post(srv, "/v1/chat/completions", _sampled_body(n=2, stream=True))
-    assert "n=1" in _error_shape(srv.dialect, r, 400)
+
+
+def test_n_choices_streaming(srv):
+    """n>1 streams: every chunk carries one choice by index; per index the same tokens and text
+    as the non-streaming n>1 answer; usage counts the prompt once and adds the completions."""
+    body = _sampled_body(n=3, max_tokens=4, stream=True, stream_options={"include_usage": True})
+    headers = None
+    if srv.dialect == "vllm":
+        body["return_token_ids"] = True
+    else:
+        headers = {"x-sglext-return-output-ids": "1"}
+    chunks = _stream(srv, "/v1/chat/completions", body, headers)
+    for c in chunks:
+        ChatCompletionChunk.model_validate(c)
+    full = _post(srv, "/v1/chat/completions", _sampled_body(n=3, max_tokens=4, **_ids_flags(srv.dialect))).json()
+    key = "token_ids" if srv.dialect == "vllm" else "response_token_ids"
+    want_ids = [c[key] for c in full["choices"]]
+    ids, text, finish = {i: [] for i in range(3)}, {i: "" for i in range(3)}, {}
+    for c in chunks:
+        assert len(c["choices"]) <= 1
+        for ch in c["choices"]:
+            ids[ch["index"]] += ch.get("token_ids") or []
+            text[ch["index"]] += ch["delta"].get("content") or ""
+            if ch["finish_reason"]:
+                finish[ch["index"]] = ch["finish_reason"]
+    if srv.dialect == "vllm":
+        assert [c["choices"][0]["index"] for c in chunks[:3]] == [0, 1, 2]  # the role chunks come first
+        assert all(c["prompt_token_ids"] == full["prompt_token_ids"] for c in chunks[:3])
+    else:
+        ids = dict(enumerate(next(c["sglext"]["output_ids"] for c in chunks if c.get("sglext"))))
+    assert [ids[i] for i in range(3)] == want_ids
+    assert [text[i] for i in range(3)] == [c["message"]["content"] or "" for c in full["choices"]]
+    assert finish == {i: c["finish_reason"] for i, c in enumerate(full["choices"])}
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == sum(map(len, want_ids)) == 12
+    assert usage["prompt_tokens"] == full["usage"]["prompt_tokens"]
 
 
 def test_tokens_as_token_ids(srv):
@@ -226,10 +260,15 @@ def test_scripted_replay_of_recorded_harness_requests(srv, ref_model, harness):
         calls = [tc for c in data for tc in (c["choices"][0]["delta"].get("tool_calls") or [])]
         rkey = "reasoning" if srv.dialect == "vllm" else "reasoning_content"
         reasoning = "".join(c["choices"][0]["delta"].get(rkey) or "" for c in data)
+        args = "".join(tc["function"].get("arguments") or "" for tc in calls)
         if i < 2:
             assert finish == ["tool_calls"] and calls[0]["function"]["name"] == shell
-            args = "".join(tc["function"].get("arguments") or "" for tc in calls)
             assert json.loads(args)["command"] in ("echo hi > hello.txt", "cat hello.txt")
+            # The name first (vLLM: no arguments key; SGLang: ""), then the arguments in fragments.
+            assert calls[0]["function"] == ({"name": shell} if srv.dialect == "vllm" else
+                                            {"name": shell, "arguments": ""})
+            assert len([tc for tc in calls if tc["function"].get("arguments")]) > 3
+            assert {tc["index"] for tc in calls} == {0}
         else:
             assert finish == ["stop"] and not calls
         assert reasoning.strip()
@@ -251,6 +290,7 @@ def test_scripted_replay_of_recorded_harness_requests(srv, ref_model, harness):
         assert bool(msg.get("tool_calls")) == (i < 2)
         if i < 2:
             tc = msg["tool_calls"][0]
+            assert tc["function"]["arguments"] == args  # the fragments add up to the message's arguments
             assert tc["id"].startswith("chatcmpl-tool-" if srv.dialect == "vllm" else "call_")
             assert full["choices"][0]["finish_reason"] == "tool_calls"
 

@@ -73,7 +73,7 @@ class Server:
         if self.dialect == "vllm" and name not in (None, "") and name not in self.served_names:
             raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
-    async def sse(self, request: web.Request, chunks, job: Job | None = None, extra: dict | None = None):
+    async def sse(self, request: web.Request, chunks, job: Job | list[Job] | None = None, extra: dict | None = None):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", **self.headers(), **(extra or {})})
         await resp.prepare(request)
@@ -84,7 +84,8 @@ class Server:
             done = True
         finally:
             if not done and job is not None:
-                job.cancelled = True  # the client went away: free the worker for the next request
+                for j in job if isinstance(job, list) else [job]:
+                    j.cancelled = True  # the client went away: free the worker for the next request
         await resp.write_eof()
         return resp
 
@@ -130,21 +131,23 @@ class Server:
             n = 1
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
             raise RequestError(f"'n' must be an integer in [1, 16] (got {n!r})")
-        if n > 1:
-            if body.get("stream"):
-                raise RequestError("polar-serve streams only n=1; send n>1 without stream")
+        if n > 1 and not body.get("stream"):
             return await self.chat_n(body, n)
-        call = await self.engine.run_sync(build_chat_call, body, self.dialect, self.served_name, self.script)
+        calls = [await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
+                 for b in _choice_bodies(body, n)]
+        call = calls[0]
         started = time.time()
-        q = self.engine.stream(call.job)
+        queues = [self.engine.stream(c.job) for c in calls]
+        q = queues[0]
         tok = self.model.tokenizer
         # Which script entry answered ("turn 1", "rule 0", "fallback"): for debugging e2e tests.
         extra = {SCRIPT_HEADER: call.script_source} if call.script_source else {}
         if body.get("stream"):
+            jobs = [c.job for c in calls]
             if self.dialect == "vllm":
-                return await self.sse(request, vl.chat_stream(call, q, tok), call.job, extra)
-            return await self.sse(request, sg.chat_stream(call, q, tok, request.headers, self.model.eos_ids),
-                                  call.job, extra)
+                return await self.sse(request, vl.chat_stream(calls, queues, tok), jobs, extra)
+            return await self.sse(request, sg.chat_stream(calls, queues, tok, request.headers, self.model.eos_ids),
+                                  jobs, extra)
         res = await self._collect(call.job, q)
         if self.dialect == "vllm":
             out = vl.chat_full(call, res, tok)
@@ -158,10 +161,7 @@ class Server:
         vLLM seeds parallel-sampling children); one answer with n choices and summed usage."""
         tok = self.model.tokenizer
         outs = []
-        for i in range(n):
-            b = dict(body, n=1)
-            if body.get("seed") is not None:
-                b["seed"] = body["seed"] + i
+        for i, b in enumerate(_choice_bodies(body, n)):
             call = await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
             started = time.time()
             res = await self._collect(call.job, self.engine.stream(call.job))
@@ -321,6 +321,20 @@ class Server:
             if ev.kind == "done":
                 break
         yield b"data: [DONE]\n\n"
+
+
+def _choice_bodies(body: dict, n: int) -> list[dict]:
+    """One request body per choice: choice i is seeded with seed + i, as vLLM seeds the children of
+    a parallel-sampling request (n=1 keeps the body as sent)."""
+    if n == 1:
+        return [body]
+    out = []
+    for i in range(n):
+        b = dict(body, n=1)
+        if body.get("seed") is not None:
+            b["seed"] = body["seed"] + i
+        out.append(b)
+    return out
 
 
 def _dumps(obj) -> str:

@@ -13,6 +13,10 @@ separate finish chunk with an empty delta and `matched_stop`, usage chunk after 
   `return_output_ids_in_sglext` or headers `x-sglext-return-input-ids` / `-output-ids`; a chunk with
   `choices: []` and `sglext: {input_ids, output_ids: [[...]]}` comes before the usage chunk
   (`x-sglext-ids-framed: 1` sends it as SSE event `sglext_ids`);
+- tool calls stream as `{id, index, type, function: {name, arguments: ""}}` then
+  `{id: null, index, type, function: {name: null, arguments: fragment}}` (parsers.StreamParser);
+- n > 1 streams: each chunk carries one choice by index; finish chunks for all choices follow
+  all output; sglext `output_ids` has one list per choice; usage counts the prompt once;
 - chunks and answers are full dumps (nulls included); errors are
   `{"object": "error", "message", "type", "param", "code"}`.
 """
@@ -135,11 +139,14 @@ def _delta(d: dict) -> dict:
     return out
 
 
-async def chat_stream(call: Call, queue, tokenizer, headers, eos_ids):
+async def chat_stream(calls: list[Call], queues: list, tokenizer, headers, eos_ids):
+    """One stream for n choices (n = len(calls)). Like serving_chat.py: a choice's first chunk
+    (role) when its output starts, its deltas (one chunk each), then, after all output, one finish
+    chunk per choice, the sglext chunk (output_ids per choice) and the usage chunk. Our engine
+    generates the choices one after the other, so their chunks come in index order."""
+    call = calls[0]
     b = call.body
     head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
-    want_lp = bool(b.get("logprobs"))
-    as_ids = bool(b.get("return_tokens_as_token_ids"))
     usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
     in_ids = _flag(b, headers, "return_input_ids_in_sglext", "x-sglext-return-input-ids")
     out_ids = _flag(b, headers, "return_output_ids_in_sglext", "x-sglext-return-output-ids")
@@ -148,16 +155,58 @@ async def chat_stream(call: Call, queue, tokenizer, headers, eos_ids):
     def chunk(choices, usage=None, **extra):
         return dict(head, choices=choices, usage=usage, **extra)
 
-    yield _sse(chunk([{"index": 0, "delta": dict(_empty_delta(), role="assistant", content=""), "logprobs": None,
-                       "finish_reason": None, "matched_stop": None}]))
+    results, finishes = [], []
+    for i, (c, q) in enumerate(zip(calls, queues)):
+        yield _sse(chunk([{"index": i, "delta": dict(_empty_delta(), role="assistant", content=""), "logprobs": None,
+                           "finish_reason": None, "matched_stop": None}]))
+        res, tail = Result(), {}
+        async for choice in _choice_deltas(c, q, tokenizer, i, res, tail):
+            if "error" in choice:
+                yield _sse(error_body(choice["error"], "InternalServerError", 500))
+                return
+            yield _sse(chunk([choice]))
+        results.append(res)
+        finishes.append(tail)
+    for i, (res, tail) in enumerate(zip(results, finishes)):
+        finish = "tool_calls" if tail["saw_tool"] and res.finish_reason == "stop" else res.finish_reason
+        yield _sse(chunk([{"index": i, "delta": _empty_delta(), "logprobs": tail["logprobs"], "finish_reason": finish,
+                           "matched_stop": _matched(res, eos_ids)}]))
+    if in_ids or out_ids:
+        ext = {}
+        if in_ids:
+            ext["input_ids"] = call.prompt_ids
+        if out_ids:
+            ext["output_ids"] = [r.ids for r in results]
+        body = chunk([], sglext=ext)
+        if framed:
+            yield b"event: sglext_ids\n" + _sse(body)
+        else:
+            yield _sse(body)
+    if usage_on:
+        u = _usage(call, results[0].ids, tokenizer)
+        for r in results[1:]:  # the prompt counts once; completions and reasoning add up
+            more = _usage(call, r.ids, tokenizer)
+            u["completion_tokens"] += more["completion_tokens"]
+            u["reasoning_tokens"] += more["reasoning_tokens"]
+        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+        yield _sse(chunk([], usage=u))
+    yield b"data: [DONE]\n\n"
+
+
+async def _choice_deltas(call: Call, queue, tokenizer, index: int, res: Result, tail: dict):
+    """Choice `index`'s delta choices (one per parser delta; the first carries the logprobs of the
+    tokens since the last chunk). Fills `res` and `tail` (logprobs left for the finish chunk, and
+    whether a tool call was streamed); yields {"error": message} if the generation fails."""
+    b = call.body
+    want_lp = bool(b.get("logprobs"))
+    as_ids = bool(b.get("return_tokens_as_token_ids"))
     parser = new_stream_parser(call)
-    res = Result()
     pending = []
     saw_tool = False
     while True:
         ev = await queue.get()
         if ev.kind == "error":
-            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
+            yield {"error": f"generation failed: {ev.error}"}
             return
         if ev.step is not None:
             res.steps.append(ev.step)
@@ -172,28 +221,11 @@ async def chat_stream(call: Call, queue, tokenizer, headers, eos_ids):
             if want_lp and i == 0 and pending:
                 lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, True)}
                 pending = []
-            yield _sse(chunk([{"index": 0, "delta": _delta(d), "logprobs": lp, "finish_reason": None,
-                               "matched_stop": None}]))
+            yield {"index": index, "delta": _delta(d), "logprobs": lp, "finish_reason": None, "matched_stop": None}
         if ev.kind == "done":
             break
-    finish = "tool_calls" if saw_tool and res.finish_reason == "stop" else res.finish_reason
-    lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, True)} if want_lp and pending else None
-    yield _sse(chunk([{"index": 0, "delta": _empty_delta(), "logprobs": lp, "finish_reason": finish,
-                       "matched_stop": _matched(res, eos_ids)}]))
-    if in_ids or out_ids:
-        ext = {}
-        if in_ids:
-            ext["input_ids"] = call.prompt_ids
-        if out_ids:
-            ext["output_ids"] = [res.ids]
-        body = chunk([], sglext=ext)
-        if framed:
-            yield b"event: sglext_ids\n" + _sse(body)
-        else:
-            yield _sse(body)
-    if usage_on:
-        yield _sse(chunk([], usage=_usage(call, res.ids, tokenizer)))
-    yield b"data: [DONE]\n\n"
+    tail["saw_tool"] = saw_tool
+    tail["logprobs"] = {"content": chat_logprob_entries(tokenizer, pending, as_ids, True)} if want_lp and pending else None
 
 
 # -- /v1/completions ------------------------------------------------------------------------------

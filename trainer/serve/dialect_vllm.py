@@ -10,7 +10,10 @@ ChatCompletionStreamResponse, ChatCompletionLogProbsContent), `completion/protoc
   and top-level `prompt_token_ids` (ids or null) and `prompt_text: null`. Later chunks set
   `logprobs`, `finish_reason`, `token_ids` (null unless `return_token_ids`) and carry top-level
   `kv_transfer_params: null`; the finishing chunk adds `stop_reason`. A tool-call delta carries
-  `content: null`. With `stream_options.include_usage` a last chunk has `choices: []` and `usage`.
+  `content: null`; its first item is `{id, type, index, function: {name}}` (no arguments), later
+  ones `{index, function: {arguments: fragment}}` (parsers.StreamParser). With
+  `stream_options.include_usage` a last chunk has `choices: []` and `usage`.
+- n > 1 streams: n first chunks (index 0..n-1), then each chunk carries one choice by index.
 - Errors: `{"error": {"message", "type", "param", "code"}}`.
 """
 from __future__ import annotations
@@ -91,31 +94,55 @@ def _merge(deltas: list[dict]) -> dict:
     return out
 
 
-async def chat_stream(call: Call, queue, tokenizer):
+async def chat_stream(calls: list[Call], queues: list, tokenizer):
+    """One stream for n choices (n = len(calls), one generation each). Like vLLM: the first chunk of
+    every choice (role, prompt ids) goes out before any token; then each chunk carries one choice
+    by its index. Our engine generates the choices one after the other, so their chunks come in
+    index order rather than token-interleaved (both are valid vLLM streams: clients key on index)."""
+    call = calls[0]
     b = call.body
     head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
+    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
+    for i in range(len(calls)):
+        first = dict(head, choices=[{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                     "finish_reason": None}],
+                     prompt_token_ids=call.prompt_ids if b.get("return_token_ids") else None, prompt_text=None)
+        if b.get("return_prompt_text"):
+            first["prompt_text"] = call.prompt_text
+        yield _sse(first)
+    counts = [0] * len(calls)
+    for i, (c, q) in enumerate(zip(calls, queues)):
+        failed = False
+        async for chunk in _choice_chunks(c, q, tokenizer, i, head, counts):
+            failed = failed or "error" in chunk
+            yield _sse(chunk)
+        if failed:
+            break
+    if usage_on:
+        u = _usage(len(call.prompt_ids), sum(counts))
+        u.pop("prompt_tokens_details")
+        yield _sse(dict(head, choices=[], usage=u))
+    yield b"data: [DONE]\n\n"
+
+
+async def _choice_chunks(call: Call, queue, tokenizer, index: int, head: dict, counts: list[int]):
+    """The content chunks of choice `index` (dicts), ending with its finish chunk or an error body."""
+    b = call.body
     hide = b.get("include_reasoning", True) is False  # vLLM's hide_stream_metadata
     want_ids = bool(b.get("return_token_ids")) and not hide
     want_lp = bool(b.get("logprobs")) and not hide
     as_ids = bool(b.get("return_tokens_as_token_ids"))
-    usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
-    first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}],
-                 prompt_token_ids=call.prompt_ids if b.get("return_token_ids") else None, prompt_text=None)
-    if b.get("return_prompt_text"):
-        first["prompt_text"] = call.prompt_text
-    yield _sse(first)
     parser = new_stream_parser(call)
-    text, n, pending = "", 0, []
+    text, pending = "", []
     saw_tool = False
     while True:
         ev = await queue.get()
         if ev.kind == "error":
-            yield _sse(error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
-            break
+            yield error_body(f"generation failed: {ev.error}", "InternalServerError", 500)
+            return
         final = ev.kind == "done"
         if ev.step is not None:
-            n += 1
+            counts[index] += 1
             text += ev.text
             pending.append(ev.step)
         deltas = parser.feed(text, final=final)
@@ -124,7 +151,7 @@ async def chat_stream(call: Call, queue, tokenizer):
             deltas = [d for d in deltas if "reasoning" not in d]
         if not deltas and not final and not want_ids and not want_lp:
             continue  # vLLM skips a token without a delta unless ids or logprobs were asked for
-        choice = {"index": 0, "delta": _merge(deltas) if deltas else {},
+        choice = {"index": index, "delta": _merge(deltas) if deltas else {},
                   "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, False)} if want_lp else None,
                   "finish_reason": None}
         if final:
@@ -132,14 +159,9 @@ async def chat_stream(call: Call, queue, tokenizer):
             choice["stop_reason"] = ev.stop_reason
         choice["token_ids"] = [s.token_id for s in pending] if want_ids else None
         pending = []
-        yield _sse(dict(head, choices=[choice], kv_transfer_params=None))
+        yield dict(head, choices=[choice], kv_transfer_params=None)
         if final:
-            break
-    if usage_on:
-        u = _usage(len(call.prompt_ids), n)
-        u.pop("prompt_tokens_details")
-        yield _sse(dict(head, choices=[], usage=u))
-    yield b"data: [DONE]\n\n"
+            return
 
 
 # -- /v1/completions ------------------------------------------------------------------------------

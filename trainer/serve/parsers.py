@@ -12,10 +12,15 @@ Sources followed:
   blocks `<tool_call>\\n(.*?)\\n</tool_call>`; calls to tools the request did not declare are dropped;
   ids `call_<24 hex>`.
 
-Streaming: `StreamParser.feed(full_text)` re-parses the whole text produced so far and emits only
-what is new, so the concatenated deltas always equal the non-streaming parse of the final text
-(property-tested). Tool-call arguments are emitted once the call's JSON is complete; the name as
-soon as it is known, like the real parsers.
+Streaming: `StreamParser.feed(full_text)` re-parses the text produced so far and emits only what
+is new, so the concatenated deltas always equal the non-streaming parse of the final text
+(property-tested). Tool calls: the id and name as soon as the name is complete, then argument
+fragments as far as they are certain, the rest when the call's JSON ends (see StreamParser).
+Where the real servers' streams differ from their own non-streamed answer we keep the sum exact:
+vLLM's newest hermes parser streams the model's RAW argument text (brace-matched), which differs
+from the re-serialized non-streamed `arguments` when the model's spacing is not json.dumps' (Qwen
+models write json.dumps' spacing, so the fragments usually coincide); SGLang's streaming path
+serializes with `json.dumps(args)` (ASCII escapes: "\u00e9" where the answer has "é").
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from .jsonstream import JsonScanner
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
@@ -84,23 +91,23 @@ def split_tools_vllm(rest: str, partial: bool) -> tuple[str | None, list[ToolCal
         return (rest or None), [], True
     content = rest[:rest.find(TOOL_START)]
     calls = []
-    for m in re.finditer(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", rest, re.DOTALL):
-        if m.group(1) is not None:
-            c = _parse_call(m.group(1))
+    for body, closed in tool_regions(rest, "vllm"):
+        if closed:
+            c = _parse_call(body)
             if c is None:
                 return None, [], False
             calls.append(ToolCallOut(c[0], c[1]))
         else:
-            tail = m.group(2)
-            c = _parse_call(tail)
-            if c is not None and not partial:
-                calls.append(ToolCallOut(c[0], c[1]))
-            elif partial:
+            tail = body
+            if partial:  # no json.loads of a growing tail on every token
                 nm = _NAME_RE.search(tail)
                 if nm:
                     calls.append(ToolCallOut(json.loads(f'"{nm.group(1)}"'), None))
-            else:
+                continue
+            c = _parse_call(tail)
+            if c is None:
                 return None, [], False
+            calls.append(ToolCallOut(c[0], c[1]))
     return (content or None), calls, True
 
 
@@ -147,14 +154,72 @@ def parse_output(text: str, dialect: str, thinking: bool, tools_active: bool,
     return Parsed(reasoning, content, calls)
 
 
+@dataclass
+class _CallStream:
+    """One streamed tool call: its OpenAI index and id, and how much of its arguments was sent."""
+    index: int
+    id: str
+    args: JsonScanner = field(default_factory=JsonScanner)
+    sent: str = ""
+    lag: str | None = None     # SGLang: what was certain at the previous feed (it diffs one step behind)
+
+
+def tool_regions(rest: str, dialect: str) -> list[tuple[str, bool]]:
+    """(body, closed) of each `<tool_call>` region, delimited as the dialect's tool parser does."""
+    # vLLM's regex `<tool_call>(.*?)</tool_call>|<tool_call>(.*)` (DOTALL), as str.find: the lazy
+    # regex rescans a long open call on every token.
+    bot, eot = (TOOL_START, TOOL_END) if dialect == "vllm" else (TOOL_START + "\n", "\n" + TOOL_END)
+    out, pos = [], 0
+    while (start := rest.find(bot, pos)) != -1:
+        end = rest.find(eot, start + len(bot))
+        if end == -1:
+            out.append((rest[start + len(bot):], False))
+            break
+        out.append((rest[start + len(bot):end], True))
+        pos = end + len(eot)
+    return out
+
+
+def certain_arguments(outer: JsonScanner, body: str, args: JsonScanner) -> str:
+    """The part of a call's final `arguments` string that the body seen so far already fixes."""
+    m = outer.members.get("arguments")
+    if m is not None:
+        raw = body[m.start:]
+        text = args.feed(raw)
+        if raw.startswith("n"):  # "arguments": null -> "{}" (both servers), known once "null" is whole
+            return "{}" if args.done else ""
+        return text
+    if not outer.done:
+        return ""  # "parameters" counts only if no "arguments" follows: wait for the whole object
+    p = outer.members.get("parameters")
+    if p is None or p.end is None:
+        return "{}"
+    value = json.loads(body[p.start:p.end])
+    return json.dumps(value if value is not None else {}, ensure_ascii=False)
+
+
 class StreamParser:
-    """Turns the growing output text into reasoning / content / tool-call deltas."""
+    """Turns the growing output text into reasoning / content / tool-call deltas.
+
+    Tool calls stream like the real parsers: a first delta with the id and name (as soon as the
+    name string is complete), then argument fragments. Fragments are prefixes of the final
+    `json.dumps(arguments, ensure_ascii=False)` (jsonstream.JsonScanner), so they add up to the
+    non-streamed `arguments` exactly.
+    - vLLM (hermes, extract_tool_calls_streaming): each feed sends all newly certain argument
+      text; name and first fragment may share one DeltaMessage.
+    - SGLang (BaseFormatDetector.parse_streaming_increment): the name alone (wire: `arguments: ""`);
+      no arguments in the next feed; then each feed sends what was already certain one feed
+      earlier (SGLang diffs the previous and current partial parse); the rest when the call's
+      JSON object is complete. Calls to undeclared tools are skipped (no index used).
+    """
 
     def __init__(self, dialect: str, thinking: bool, tools_active: bool, tool_names: set[str] | None = None):
         self.dialect, self.thinking, self.tools_active, self.tool_names = dialect, thinking, tools_active, tool_names
         self.sent_reasoning = ""
         self.sent_content = ""
-        self.sent_calls: list[ToolCallOut] = []  # arguments = what was sent ("" before any)
+        self.scanners: list[JsonScanner] = []     # one per <tool_call> region
+        self.calls: dict[int, _CallStream] = {}   # region -> streamed call
+        self.skipped: set[int] = set()            # regions calling an undeclared tool (SGLang)
 
     def feed(self, text: str, final: bool = False) -> list[dict]:
         """Deltas for `text` (the whole output so far): {"reasoning"|"content": str} or
@@ -174,7 +239,7 @@ class StreamParser:
             out.append({"reasoning": r[len(self.sent_reasoning):]})
             self.sent_reasoning = r
         c = p.content or ""
-        if not self.sent_calls and len(c) > len(self.sent_content) and c.startswith(self.sent_content):
+        if not self.calls and len(c) > len(self.sent_content) and c.startswith(self.sent_content):
             # Hold back a possible start of "<tool_call>" split over tokens.
             safe = c if final else _hold_back(c, TOOL_START + "\n")
             if self.dialect == "sglang" and not final:
@@ -182,15 +247,44 @@ class StreamParser:
             if len(safe) > len(self.sent_content):
                 out.append({"content": safe[len(self.sent_content):]})
                 self.sent_content = safe
-        for i, call in enumerate(p.tool_calls):
-            if i >= len(self.sent_calls):
-                tc = ToolCallOut(call.name, "", new_tool_call_id(self.dialect))
-                self.sent_calls.append(tc)
-                out.append({"tool_call": {"index": i, "id": tc.id, "name": call.name}})
-            sent = self.sent_calls[i]
-            if call.arguments is not None and sent.arguments == "" and call.arguments:
-                sent.arguments = call.arguments
-                out.append({"tool_call": {"index": i, "arguments": call.arguments}})
+        if self.tools_active:
+            _, rest = split_reasoning(text, self.dialect, self.thinking)
+            out += self._tool_deltas(rest, p.tool_calls if final else None)
+        return out
+
+    def _tool_deltas(self, rest: str, final_calls: list[ToolCallOut] | None) -> list[dict]:
+        out = []
+        for r, (body, closed) in enumerate(tool_regions(rest, self.dialect)):
+            if r in self.skipped:
+                continue
+            if r >= len(self.scanners):
+                self.scanners.append(JsonScanner())
+            outer = self.scanners[r]
+            outer.feed(body.lstrip())
+            call = self.calls.get(r)
+            fresh = call is None
+            if fresh:
+                name = outer.members.get("name")
+                if name is None or name.string is None:
+                    break  # call r+1 cannot start before call r is named (like the real parsers)
+                if self.dialect == "sglang" and self.tool_names is not None and name.string not in self.tool_names:
+                    self.skipped.add(r)
+                    continue
+                call = self.calls[r] = _CallStream(len(self.calls), new_tool_call_id(self.dialect))
+                out.append({"tool_call": {"index": call.index, "id": call.id, "name": name.string}})
+            certain = certain_arguments(outer, body.lstrip(), call.args)
+            if final_calls is not None:
+                final = final_calls[call.index].arguments if call.index < len(final_calls) else None
+                certain = final if final is not None and final.startswith(call.sent) else call.sent
+            elif self.dialect == "sglang" and not outer.done:
+                # SGLang sends what the previous and the current partial parse agree on, and only
+                # once the previous parse had non-empty arguments (its `elif prev_arguments:`).
+                prev = call.lag
+                call.lag = None if fresh else certain
+                certain = "" if fresh or prev in (None, "", "{", "[") else prev
+            if len(certain) > len(call.sent) and certain.startswith(call.sent):
+                out.append({"tool_call": {"index": call.index, "arguments": certain[len(call.sent):]}})
+                call.sent = certain
         return out
 
 
