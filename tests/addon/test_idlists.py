@@ -77,3 +77,38 @@ def test_bounded():
     for e in "abc":
         cache.loads(e, vllm_answer(list(range(3000))))
     assert list(cache._last) == ["b", "c"]
+
+
+@pytest.mark.parametrize("api,dialect", [("chat", "vllm"), ("chat", "sglang"), ("completions", "vllm"),
+                                         ("completions", "sglang")])
+def test_finish_body_with_cache_logs_the_same_ids(api, dialect):
+    """Through call.finish_body: the row's prompt ids and the harness's bytes are the same with
+    and without the cache, twice in a row (the second call reuses the first list)."""
+    from addon import call as calls
+    from addon.dialects import plan_request
+
+    prompt = list(range(100000, 103000))
+    ch = {"index": 0, "logprobs": None, "finish_reason": "stop"}
+    if api == "chat":
+        ch["message"] = {"role": "assistant", "content": "hi"}
+    else:
+        ch["text"] = "hi"
+    if dialect == "vllm" and api == "chat":
+        body = {"id": "x", "choices": [dict(ch, token_ids=[7])], "prompt_token_ids": prompt}
+    elif dialect == "sglang" and api == "chat":
+        body = {"id": "x", "choices": [dict(ch, prompt_token_ids=prompt, response_token_ids=[7])]}
+    else:
+        body = {"id": "x", "choices": [dict(ch, prompt_token_ids=prompt, token_ids=[7])]}
+    raw = orjson.dumps(body)
+    cache = PromptCache()
+    outs = []
+    for use in (None, cache, cache):
+        c = calls.Call("e", 0, api, dialect, 0.0, b"")
+        c.plan = plan_request(api, dialect, {})
+        c.prompt_cache = use
+        out = calls.finish_body(c, 200, raw)
+        (row,) = c.cap.rows()
+        assert row["prompt_ids"].tolist() == prompt and row["completion_ids"].tolist() == [7]
+        outs.append(out)
+    assert outs[0] == outs[1] == outs[2] and b"100000" not in outs[0]
+    assert cache.hits == len(prompt)
