@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import logfile
-from .logfile import LogError, _full_requests, _read_batches
+from .logfile import LogError, full_requests, read_table
 from .logschema import KIND_CALL, KIND_END, SCHEMA
 
 # Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).
@@ -97,14 +97,6 @@ def list_logs(logdir: str | os.PathLike) -> list[Path]:
     if not d.is_dir():
         raise LogError(f"{d}: not a directory")
     return sorted(p for p in d.iterdir() if p.name.endswith(".arrow") and p.is_file())
-
-
-def _table(path: Path, columns: list[str] | None = None) -> tuple[pa.Table, bool]:
-    batches, _, torn, _ = _read_batches(path)
-    table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
-    if columns is not None:
-        table = table.select(columns)
-    return table, torn
 
 
 def _end_record(table: pa.Table, path: Path) -> tuple[bool, float | None, dict[str, Any]]:
@@ -215,7 +207,7 @@ def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episo
 
 
 def _read_calls(path: Path, with_requests: bool) -> Episode:
-    table, torn = _table(path)
+    table, torn = read_table(path)
     finished, reward, metadata = _end_record(table, path)
     # (to_pylist: to_numpy on a string column imports pandas, ~0.6 s)
     is_call = np.asarray([k == KIND_CALL for k in table.column("kind").to_pylist()], dtype=bool)
@@ -231,7 +223,7 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
     # request text is delta-coded on disk: rebuilt for every row, parsed only where needed
-    all_requests = _full_requests(calls_t)
+    all_requests = full_requests(calls_t)
     temperatures = [request_temperature(r) for r in all_requests]
     requests = all_requests if with_requests else []
     seqs: list[np.ndarray | None] = []  # per row: prompt + completion in one buffer

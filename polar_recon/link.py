@@ -7,6 +7,8 @@ BPE may even merge the first re-rendered token into the previous prompt's last t
 (`<|im_start|>assistant\\n` + `\\n\\n` -> `assistant` `\\n\\n\\n`). So the alignment walks both
 sequences; where they differ it requires the difference to sit inside an assistant turn (after its
 `<|im_start|>assistant` header, before its `<|im_end|>`) and resumes after that turn's end in each.
+Among the candidates that align, the parent is the one with the most of its tokens found again in
+the prompt (`Alignment.matched`).
 
 Kinds: CLEAN (the prompt extends the parent token for token), REALIGN (it extends it up to
 re-rendered assistant turns), FORK (no usable parent: a new segment). Calls left out of training:
@@ -92,13 +94,18 @@ class Alignment:
     prefix: int  # exact common prefix of the child's prompt and the parent's sequence
     realigned: int  # assistant turns the child's prompt holds re-rendered
     suffix: int  # tokens the re-rendered turns share at their ends with the sampled ones (tie-break)
+    # parent tokens found again in the prompt: the exact runs between re-rendered turns plus the
+    # shared ends of those turns. The parent with the most is the one the prompt really extends:
+    # `prefix` alone cannot tell, because a new user query strips the thinking of EVERY earlier
+    # turn, so all candidates diverge at the same first think block.
+    matched: int = 0
 
 
 def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: int | None = None) -> Alignment | None:
     """How `prompt` extends `parent` (a call's prompt+completion), or None if it does not.
     `known_prefix`: their exact common prefix length, when already known."""
     j = i = 0
-    realigned = suffix = 0
+    realigned = suffix = matched = 0
     prefix = None
     role = np.asarray(m.assistant, dtype=parent.dtype)
     while True:
@@ -108,8 +115,9 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
             n = common_prefix(parent[j:], prompt[i:])
         if prefix is None:
             prefix = n
+        matched += n
         if j + n == len(parent):
-            return Alignment(i + n, prefix, realigned, suffix)
+            return Alignment(i + n, prefix, realigned, suffix, matched)
         if i + n == len(prompt):
             return None  # the prompt stops inside the parent: a retry or an earlier point
         div = j + n  # first differing position in parent
@@ -126,11 +134,14 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
         if e_i is None:
             return None
         bi = i + (b - j)
-        old = parent[b:len(parent) if e_p is None else e_p + 1]
-        suffix += common_prefix(old[::-1], prompt[bi:e_i + 1][::-1])
+        old, new = parent[b:len(parent) if e_p is None else e_p + 1], prompt[bi:e_i + 1]
+        head = div - b  # the turn's leading tokens the exact run above already matched
+        tail = min(common_prefix(old[::-1], new[::-1]), len(old) - head, len(new) - head)
+        suffix += tail
+        matched += tail
         realigned += 1
         if e_p is None:  # the sampled turn stopped without <|im_end|> (length cut): the template
-            return Alignment(e_i, prefix, realigned, suffix)  # closed it; that <|im_end|> is context
+            return Alignment(e_i, prefix, realigned, suffix, matched)  # closed it; that <|im_end|> is context
         j, i = e_p + 1, e_i + 1
 
 
@@ -168,12 +179,13 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
             nodes.append(Node(call, AUX if why == "auxiliary" else ERROR, note=why))
             continue
         node = Node(call, FORK)
-        best: tuple[tuple[int, int, int], int, Alignment] | None = None
+        best: tuple[tuple[int, int, int, int], int, Alignment] | None = None
         hint = row_to_node.get(call.base_row)
         order = sorted(cands, key=lambda c: (len(c[1]), c[0]), reverse=True)
         if hint is not None:  # the writer's longest match first: its prefix length is known
             order = [c for c in order if c[0] == hint] + [c for c in order if c[0] != hint]
-        # then longest sequences first: a candidate shorter than the best prefix cannot beat it
+        # then longest sequences first: a candidate shorter than the best match cannot beat it
+        # (matched <= len(seq))
         for idx, seq in order:
             if best is not None and len(seq) < best[0][0]:
                 continue
@@ -181,7 +193,9 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
             a = align(seq, call.prompt, m, known)
             if a is None:
                 continue
-            key = (a.prefix, a.suffix, idx)
+            # most of the parent found again, then the longest exact prefix (a retry sibling whose
+            # turn was replaced matches less of it), then the shared turn ends, then the latest
+            key = (a.matched, a.prefix, a.suffix, idx)
             if best is None or key > best[0]:
                 best = (key, idx, a)
         if best is not None:
@@ -253,6 +267,10 @@ def segments(nodes: list[Node]) -> list[list[int]]:
                     nodes[c].kind, nodes[c].note = FORK, f"branch: call {nodes[chain[-1]].call.call_index} continues elsewhere"
                     nodes[c].parent, nodes[c].keep_from, nodes[c].realigned = None, 0, 0
                     pending.append(c)
+            # the detached branches leave the tree: the nodes then describe these segments, and
+            # calling segments() again (drift, html, token then retokenize) yields the same chains
+            # instead of each branch twice (as a root AND again as a branch: trained twice)
+            nodes[chain[-1]].children = [main]
             chain.append(main)
         for x in chain:
             nodes[x].segment = len(chains)

@@ -83,10 +83,24 @@ def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_real
     )
 
 
+def trained_chains(ep: Episode, nodes: list[Node]) -> list[list[int]]:
+    """The segments, checked: a call in two sequences would train its sampled tokens twice (the
+    worst silent error this package can make), so it is an error for the episode, never a shard."""
+    chains = segments(nodes)
+    seen: dict[int, int] = {}
+    for s, chain in enumerate(chains):
+        for k in chain:
+            if k in seen:
+                raise ReconError(f"{ep.path}: call {nodes[k].call.call_index} falls in segments {seen[k]} and {s}; "
+                                 "its completion would train twice (a linking bug: please report it)")
+            seen[k] = s
+    return chains
+
+
 def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None) -> list[Sequence]:
     nodes = nodes if nodes is not None else link_calls(ep.calls, m)
     out = []
-    for s, chain in enumerate(segments(nodes)):
+    for s, chain in enumerate(trained_chains(ep, nodes)):
         pieces = []
         calls = [nodes[k].call for k in chain]
         for k, call in zip(chain, calls):
@@ -198,7 +212,7 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         raise ReconError(f"{ep.path}: retokenize needs the request text (read the episode with requests)")
     nodes = nodes if nodes is not None else link_calls(ep.calls, m)
     out = []
-    for s, chain in enumerate(segments(nodes)):
+    for s, chain in enumerate(trained_chains(ep, nodes)):
         calls = [nodes[k].call for k in chain]
         last = calls[-1]
         raw = ep.requests[last.row]

@@ -276,3 +276,62 @@ def test_length_cut_completion_keeps_the_turn_end_as_context(tmp_path, cut):
     second = ep.calls[1]
     n_ctx = len(seq.input_ids) - len(second.completion) - len(prompt) - len(comp)
     assert seq.input_ids[-len(second.completion) - n_ctx:-len(second.completion)].tolist() == second.prompt[-n_ctx:].tolist()
+
+
+def _user_turn_after_mixed_thinking(c):
+    # the property test's falsifying example: three tool turns (only the middle one with reasoning),
+    # a plain answer, a new user query (the template now drops EVERY earlier think block), an answer
+    for reasoning in ("", "Think.", ""):
+        c.call(L.Sample(reasoning, "", [("write_file", json.dumps({"path": "a.txt", "content": "hi"}))]), results=["ok"])
+    c.call(L.Sample("", "Sure.", []))
+    c.user("Next, please.")
+    c.call(L.Sample("", "Let me check.", []))
+
+
+def test_user_turn_links_to_the_latest_call_not_an_earlier_tie(tmp_path):
+    # calls 2 and 3 both align with call 4's prompt and diverge at the same first think block
+    # (call 1's); call 2's realigned turn shares a longer tool-call tail, which used to win the
+    # tie-break, made call 3 a branch, and trained call 3 in two sequences
+    conv = L.episode(tmp_path, "e", _user_turn_after_mixed_thinking, harness="pi", thinking=True)
+    ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
+    assert [n.parent for n in nodes] == [None, 0, 1, 2, 3]
+    assert nodes[4].kind == REALIGN and nodes[4].realigned == 2  # call 1's turn and call 3's turn
+    assert chains == [[0, 1, 2, 3, 4]]
+    seqs = token_sequences(ep, M, nodes)
+    assert len(seqs) == 1 and seqs[0].calls == [0, 1, 2, 3, 4]
+    assert_faithful(ep, nodes, seqs, conv.recorded)
+
+
+def test_segments_is_idempotent_with_a_detached_branch(tmp_path):
+    # a call whose parent continues in a later branch is detached as a FORK; segments() runs once
+    # per consumer (inspect, html, drift: token then retokenize), and each run must give the same
+    # chains: the branch used to come back both as a root and as a branch again
+    def run(c):
+        c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
+        msgs = [dict(m) for m in c.messages]
+        c.call(L.Sample("Side.", "Side answer.", []))  # extended by nobody but a different prompt than below
+        c.messages = msgs
+        c.user("Actually, check it first.")
+        c.call(L.Sample("Check.", "", [("run_shell", json.dumps({"command": "ls"}))]), results=["hello.txt"])
+        c.call(L.Sample("Done.", "Done.", []))
+    conv = L.episode(tmp_path, "e", run, harness="tidy")
+    ep = read_calls(tmp_path / "e.arrow")
+    nodes = link_calls(ep.calls, M)
+    assert nodes[1].parent == 0 and nodes[2].parent == 0  # two children of call 0: a branch point
+    first = segments(nodes)
+    assert first == [[0, 2, 3], [1]] and nodes[1].kind == FORK
+    assert segments(nodes) == first and segments(nodes) == first
+    seqs = token_sequences(ep, M, nodes)
+    assert [s.calls for s in seqs] == [[0, 2, 3], [1]]
+    assert_faithful(ep, nodes, seqs, conv.recorded)
+
+
+def test_a_call_in_two_segments_is_an_error_not_a_shard(tmp_path):
+    from polar_recon.strategies import ReconError
+
+    L.episode(tmp_path, "e", lambda c: L.two_tool_turns(c, reasoning=("Write it.", "Check it.")), harness="tidy")
+    ep = read_calls(tmp_path / "e.arrow")
+    nodes = link_calls(ep.calls, M)
+    nodes[2].parent, nodes[2].kind = None, FORK  # a corrupted tree: call 2 is a root AND call 1's child
+    with pytest.raises(ReconError, match="call 2 falls in segments 0 and 1; its completion would train twice"):
+        token_sequences(ep, M, nodes)
