@@ -80,6 +80,18 @@ class ChoiceAcc:
             self.ids = array("i", ids)
             self.seen_ids = True
 
+    def add_lp_entries(self, content: list) -> None:
+        """Chat ``logprobs.content`` entries: each entry's ``logprob`` (None or a non-dict entry
+        counts as missing, -9999), appended without building a values list per stream chunk."""
+        lps = self.lps
+        try:
+            for e in content:
+                v = e.get("logprob") if isinstance(e, dict) else None
+                lps.append(-9999.0 if v is None else v)
+            self.seen_lps = True
+        except TypeError:
+            self.lp_count_bad = True
+
     def add_lps(self, values: list) -> None:
         try:
             self.lps.extend(-9999.0 if v is None else v for v in values)

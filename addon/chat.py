@@ -8,21 +8,15 @@ from typing import Any
 from .capture import CallCapture
 
 
-def _content_logprobs(ch: dict) -> list | None:
-    lp = ch.get("logprobs")
-    if isinstance(lp, dict):
-        content = lp.get("content")
-        if isinstance(content, list):
-            return [e.get("logprob") if isinstance(e, dict) else None for e in content]
-    return None
-
-
 def extract(cap: CallCapture, obj: dict) -> None:
-    """Take ids/logprobs out of one chat response object or stream chunk (before stripping)."""
-    if isinstance(obj.get("prompt_token_ids"), (list, array)):  # vLLM, top level
-        cap.set_prompt(obj["prompt_token_ids"])
-    ext = obj.get("sglext")
-    if isinstance(ext, dict):  # SGLang streaming: one final chunk with all ids
+    """Take ids/logprobs out of one chat response object or stream chunk (before stripping).
+    Runs once per stream chunk: plain ``get`` + ``isinstance`` only, no helper calls per key."""
+    get = obj.get
+    prompt = get("prompt_token_ids")
+    if prompt is not None and isinstance(prompt, (list, array)):  # vLLM, top level
+        cap.set_prompt(prompt)
+    ext = get("sglext")
+    if ext is not None and isinstance(ext, dict):  # SGLang streaming: one final chunk with all ids
         cap.set_prompt(ext.get("input_ids"))
         outs = ext.get("output_ids")
         if isinstance(outs, list):
@@ -30,31 +24,36 @@ def extract(cap: CallCapture, obj: dict) -> None:
                 outs = [outs]
             for i, ids in enumerate(outs):
                 cap.choice(i).set_ids(ids)
-    meta = obj.get("meta_info")
+    meta = get("meta_info")
     if isinstance(meta, dict) and meta.get("weight_version") is not None:
         cap.weight_version = str(meta["weight_version"])
-    choices = obj.get("choices")
+    choices = get("choices")
     if not isinstance(choices, list):
         return
     for ch in choices:
         if not isinstance(ch, dict):
             continue
         acc = cap.choice(ch.get("index", 0))
-        if isinstance(ch.get("prompt_token_ids"), (list, array)):  # SGLang non-streaming
+        cget = ch.get
+        cprompt = cget("prompt_token_ids")
+        if cprompt is not None and isinstance(cprompt, (list, array)):  # SGLang non-streaming
             acc.prompt = None
-            cap.set_prompt(ch["prompt_token_ids"])
+            cap.set_prompt(cprompt)
         if "token_ids" in ch:  # vLLM (stream deltas / full list); newer SGLang non-streaming
             acc.add_ids(ch["token_ids"])
         if "response_token_ids" in ch:  # SGLang non-streaming (wire-formats.md)
             acc.set_ids(ch["response_token_ids"])
-        cmeta = ch.get("meta_info")  # SGLang non-streaming with return_meta_info
-        if isinstance(cmeta, dict) and cmeta.get("weight_version") is not None:
+        cmeta = cget("meta_info")  # SGLang non-streaming with return_meta_info
+        if cmeta is not None and isinstance(cmeta, dict) and cmeta.get("weight_version") is not None:
             cap.weight_version = str(cmeta["weight_version"])
-        lps = _content_logprobs(ch)
-        if lps is not None:
-            acc.add_lps(lps)
-        if ch.get("finish_reason") is not None:
-            acc.finish = ch["finish_reason"]
+        lp = cget("logprobs")
+        if lp is not None and isinstance(lp, dict):
+            content = lp.get("content")
+            if isinstance(content, list):
+                acc.add_lp_entries(content)
+        finish = cget("finish_reason")
+        if finish is not None:
+            acc.finish = finish
 
 
 class Assembler:
@@ -74,14 +73,21 @@ class Assembler:
             if not isinstance(ch, dict):
                 continue
             i = ch.get("index", 0)
-            c = self.choices.setdefault(i, {"index": i, "message": {}, "finish_reason": None, "_parts": {}})
+            c = self.choices.get(i)
+            if c is None:  # (not setdefault: that would build the dict on every chunk)
+                c = self.choices[i] = {"index": i, "message": {}, "finish_reason": None, "_parts": {}}
             delta = ch.get("delta") or {}
             if isinstance(delta, dict):
+                parts = c["_parts"]
                 for k, v in delta.items():
                     if k == "tool_calls" and isinstance(v, list):
                         self._tool_calls(c, v)
                     elif isinstance(v, str) and k != "role":
-                        c["_parts"].setdefault(k, []).append(v)
+                        got = parts.get(k)
+                        if got is None:
+                            parts[k] = [v]
+                        else:
+                            got.append(v)
                     elif v is not None:
                         c["message"][k] = v
             if ch.get("finish_reason") is not None:

@@ -107,20 +107,6 @@ def _undo(obj: dict, key: str, how: str) -> bool:
     return True
 
 
-def _strip_choices(obj: dict, keys: tuple[str, ...], how: str, plan: Plan) -> bool:
-    changed = False
-    choices = obj.get("choices")
-    if isinstance(choices, list):
-        for ch in choices:
-            if not isinstance(ch, dict):
-                continue
-            for k in keys:
-                changed |= _undo(ch, k, how)
-            if plan.added_logprobs:
-                changed |= _undo(ch, "logprobs", NULL)
-    return changed
-
-
 # How each dialect writes an id field it was not asked for: NULL (key kept, null) or DROP (absent).
 # (dialect, api, stream) -> (top-level keys, choice keys, how). From the servers' serializers:
 # vLLM dumps whole models for non-streaming answers and chat chunks set the id keys explicitly;
@@ -169,19 +155,39 @@ def _empty_chunk(obj: dict) -> bool:
     choices = obj.get("choices")
     if not choices or obj.get("usage") is not None:
         return False
-    return all(isinstance(ch, dict) and ch.get("delta") == {} and ch.get("finish_reason") is None for ch in choices)
+    for ch in choices:  # (a loop, not all(genexpr): this runs for every stream chunk)
+        if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+            return False
+        delta = ch.get("delta")
+        if not isinstance(delta, dict) or delta:
+            return False
+    return True
+
+
+def _strip_setup(plan: Plan) -> tuple:
+    """What strip_response does for this plan, worked out once per plan (it runs per stream chunk)."""
+    top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
+    if "return_token_ids" in plan.harness_flags:  # the harness asked for the ids itself: keep them
+        top, keys = (), ()
+    sgl_chat = plan.dialect == "sglang" and plan.api == "chat"
+    setup = (plan.dialect, plan.api, plan.stream, plan.harness_flags, plan.harness_logprobs,
+             top, keys, how, plan.added_logprobs, sgl_chat and plan.stream, sgl_chat and not plan.stream,
+             plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs)
+    plan.__dict__["_strip"] = setup
+    return setup
 
 
 def strip_response(plan: Plan, obj: dict) -> bool | None:
     """Remove the added fields from one response object (a stream chunk or a whole body).
     Returns True (changed), False (unchanged) or None (drop this stream event entirely)."""
-    top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
-    if "return_token_ids" in plan.harness_flags:  # the harness asked for the ids itself: keep them
-        top, keys = (), ()
+    setup = plan.__dict__.get("_strip")
+    if setup is None or setup[:5] != (plan.dialect, plan.api, plan.stream, plan.harness_flags, plan.harness_logprobs):
+        setup = _strip_setup(plan)  # (recomputed if the plan was changed after its first use)
+    top, keys, how, added_lp, sgl_stream, sgl_whole, vllm_chat_stream = setup[5:]
     changed = False
     for k in top:
         changed |= _undo(obj, k, how)
-    if plan.dialect == "sglang" and plan.api == "chat" and plan.stream and "sglext" in obj:
+    if sgl_stream and "sglext" in obj:
         changed = True
         ext = obj["sglext"]
         own = [k for k, f in (("input_ids", "return_input_ids_in_sglext"), ("output_ids", "return_output_ids_in_sglext"))
@@ -192,10 +198,19 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
             del obj["sglext"]
             if not obj.get("choices") and obj.get("usage") is None:
                 return None
-    if plan.dialect == "sglang" and plan.api == "chat" and not plan.stream:
+    if sgl_whole:
         changed = _strip_sglang_chat(plan, obj) | changed
-    changed = _strip_choices(obj, keys, how, plan) | changed
-    if plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs and _empty_chunk(obj):
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            for k in keys:
+                changed |= _undo(ch, k, how)
+            if added_lp and ch.get("logprobs") is not None:  # (the _undo(ch, "logprobs", NULL) case)
+                ch["logprobs"] = None
+                changed = True
+    if vllm_chat_stream and _empty_chunk(obj):
         return None  # (when the harness asked for logprobs itself, it gets these chunks directly too)
     return changed
 

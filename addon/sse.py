@@ -67,17 +67,26 @@ class SSEParser:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[Event]:
-        buf = self._buf + chunk if self._buf else chunk
+        old = self._buf
+        buf = old + chunk if old else chunk
         events: list[Event] = []
         pos = 0
         n = len(buf)
         if b"\r" not in buf:  # fast path (memchr-speed find instead of a regex scan)
+            # the pending bytes hold no blank line (else they would have made an event): a big
+            # event arriving in many reads is searched once, not from its start at every read
+            scan = len(old) - 1 if old else 0
             while True:
-                end = buf.find(b"\n\n", pos)
+                end = buf.find(b"\n\n", scan)
                 if end < 0:
                     break
-                events.append(parse_event(buf[pos : end + 2]))
-                pos = end + 2
+                raw = buf[pos : end + 2]
+                # the common event is one "data: ..." line: its data is the bytes between
+                if raw.startswith(b"data: ") and raw.find(b"\n", 6) == end - pos:
+                    events.append(Event(raw, raw[6:-2]))
+                else:
+                    events.append(parse_event(raw))
+                pos = scan = end + 2
             self._buf = buf[pos:] if pos < n else b""
             return events
         while True:

@@ -213,9 +213,13 @@ async def run(args, paths, procs, logdir):
         res[f"c{conc}"] = {}
         for k, url in paths.items():
             sampler = Sampler({k: procs[k]} if k in procs else {})
+            c0 = cpu(procs[k]) if k in procs else None
             with sampler:
                 rate, errs = await concurrent(url, stream, conc, rounds, f"c{conc}-{k}")
-            res[f"c{conc}"][k] = dict(calls_per_s=rate, errors=errs, peak_rss_mib=sampler.peak.get(k, 0) / 2**20)
+            # (many more calls than the sequential phase: CPU per streamed call at 10 ms tick resolution)
+            cpu_ms = (cpu(procs[k]) - c0) / (conc * rounds) * 1e3 if c0 is not None else None
+            res[f"c{conc}"][k] = dict(calls_per_s=rate, errors=errs, peak_rss_mib=sampler.peak.get(k, 0) / 2**20,
+                                      cpu_per_call_ms=cpu_ms)
     calls = sum(1 for _ in logdir.glob("*.arrow"))
     total_calls = sum(read_episode(p).calls.height for p in logdir.glob("*.arrow"))
     res["log"] = dict(files=calls, calls=total_calls, bytes=dir_bytes(logdir),
@@ -243,6 +247,8 @@ def report(res, growing, args):
                                  for k in paths], "{:d}")
     line("proxy CPU/non-stream ms", [res["cpu_nonstream_ms"].get(k) for k in paths])
     line("proxy CPU/stream call ms", [res["cpu_stream_ms"].get(k) for k in paths])
+    line("proxy CPU/call 64 streams", [res["c64"][k]["cpu_per_call_ms"] for k in paths])
+    line("proxy CPU/call 256 streams", [res["c256"][k]["cpu_per_call_ms"] for k in paths])
     line("peak RSS 64 streams MiB", [res["c64"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
     line("peak RSS 256 streams MiB", [res["c256"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
     b, a = "bare+stream", "polar"
@@ -253,6 +259,12 @@ def report(res, growing, args):
     print(f"  addon proxy CPU per 80 KB non-stream call {res['cpu_nonstream_ms'][a]:.2f} ms (target <= 2.5)")
     print(f"  peak RSS at 64 streams {res['c64'][a]['peak_rss_mib']:.0f} MiB (target <= 300); "
           f"256 streams errors {res['c256'][a]['errors']} (target 0)")
+    if "baseline" in ns:
+        o = "baseline"
+        print(f"  baseline addon: added non-stream p50 {ns[o]['p50'] - ns[b]['p50']:+.2f} ms, first-chunk p50 "
+              f"{st[o]['ttfc_p50'] - st[b]['ttfc_p50']:+.2f} ms, CPU per non-stream call "
+              f"{res['cpu_nonstream_ms'][o]:.2f} ms, per stream call {res['cpu_stream_ms'][o]:.2f} ms "
+              f"(this addon: {res['cpu_stream_ms'][a]:.2f}, bare {res['cpu_stream_ms'][b]:.2f})")
     lg = res["log"]
     print(f"  log: {lg['calls']} calls in {lg['files']} episodes, {lg['bytes_per_call']:.0f} bytes per call "
           f"(repeated 80 KB request)")
@@ -272,6 +284,9 @@ def main(argv=None):
     ap.add_argument("--grow-calls", type=int, default=50)
     ap.add_argument("--grow-tokens", type=int, default=1500)
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="also run the addon of another checkout (e.g. a copy of the previous commit) "
+                         "as path 'baseline', interleaved with the others: before/after in one run")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.n_stream, args.rounds64, args.rounds256, args.grow_calls = 20, 4, 1, 1, 10
@@ -285,6 +300,11 @@ def main(argv=None):
         paths = {"direct": be.url + "/v1/chat/completions", "bare+stream": bare.url + "/v1/chat/completions",
                  "polar": polar.url + "/v1/chat/completions"}
         procs = {"bare+stream": psutil.Process(bare.pid), "polar": psutil.Process(polar.pid)}
+        if args.baseline:  # the addon of another checkout, side by side in the same run
+            base = stack.enter_context(mitmdump(work, work / "baselogs", upstream=be.url, sets={"polar_dialect": "vllm"},
+                                                addon_repo=Path(args.baseline).resolve()))
+            paths["baseline"] = base.url + "/v1/chat/completions"
+            procs["baseline"] = psutil.Process(base.pid)
         t0 = time.time()
         res = asyncio.run(run(args, paths, procs, logdir))
         # the growing episode needs real prompt ids: a backend that tokenizes with the Qwen3 tokenizer

@@ -56,19 +56,22 @@ class Proc:
 
 @contextlib.contextmanager
 def mitmdump(workdir: Path, logdir: Path, *, upstream: str | None = None, sets: dict | None = None,
-             mode: str | None = None, addon: bool = True):
-    """mitmdump (+ the addon) as reverse proxy for ``upstream`` (or in ``mode``)."""
+             mode: str | None = None, addon: bool = True, addon_repo: Path | None = None):
+    """mitmdump (+ the addon) as reverse proxy for ``upstream`` (or in ``mode``). ``addon_repo``:
+    load the addon of another checkout (the benchmark's before/after comparison) instead."""
     port = free_port()
     log = workdir / f"mitmdump-{port}.log"
     cmd = [str(MITMDUMP), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port),
            "--set", f"confdir={workdir / 'mitmconf'}"]
     cmd += ["--mode", mode or f"reverse:{upstream}"]
     if addon:
-        cmd += ["-s", str(REPO / "addon" / "polar_addon.py"), "--set", f"polar_logdir={logdir}"]
+        cmd += ["-s", str((addon_repo or REPO) / "addon" / "polar_addon.py"), "--set", f"polar_logdir={logdir}"]
     for k, v in (sets or {}).items():
         cmd += ["--set", f"{k}={v}"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir))
+        # (the other checkout's packages first, else its polar_addon.py imports this one's)
+        env = {**os.environ, "PYTHONPATH": str(addon_repo)} if addon_repo else None
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir), env=env)
     p = Proc(proc, port, log)
     try:
         wait_port(port, proc, log)

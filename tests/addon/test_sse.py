@@ -66,3 +66,20 @@ def test_unterminated_tail_on_close():
 def test_field_without_space_and_unknown_fields():
     ev = parse_event(b"data:{}\nid: 3\nretry: 10\n\n")
     assert ev.data == "{}"
+
+
+def test_big_event_in_many_reads_and_one_line_fast_path():
+    """A 100 KB ids event arriving in 1 KB reads (the search resumes where the last read ended)
+    gives the same event as parse_event; one-line data events keep their exact data bytes."""
+    big = b"data: {\"prompt_token_ids\":[" + b",".join(b"%d" % i for i in range(20000)) + b"]}\n\n"
+    tail = b"data:  two spaces\n\ndata: a\ndata: b\n\ndata: x\nid: 1\n\n"
+    stream = big + tail
+    p = SSEParser()
+    evs = []
+    for i in range(0, len(stream), 1024):
+        evs += p.feed(stream[i:i + 1024])
+    assert p.pending == b""
+    want = [parse_event(big)] + [parse_event(r + b"\n\n") for r in tail.split(b"\n\n")[:-1]]
+    assert [(e.raw, e.data_bytes, e.event, e.comments, e.newline) for e in evs] == \
+        [(e.raw, e.data_bytes, e.event, e.comments, e.newline) for e in want]
+    assert [e.data_bytes for e in evs[1:]] == [b" two spaces", b"a\nb", b"x"]
