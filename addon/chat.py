@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
+from . import assemble
 from .capture import CallCapture
 
 
@@ -56,45 +57,32 @@ def extract(cap: CallCapture, obj: dict) -> None:
             acc.finish = finish
 
 
-class Assembler:
+class Assembler(assemble.Assembler):
     """Rebuilds a chat.completion object from the (harness-visible) stream chunks."""
 
-    def __init__(self) -> None:
-        self.head: dict[str, Any] = {}
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.usage: Any = None
+    object_name = "chat.completion"
 
-    def add(self, chunk: dict) -> None:
-        if not self.head:
-            self.head = {k: chunk.get(k) for k in ("id", "created", "model") if k in chunk}
-        if chunk.get("usage") is not None:
-            self.usage = chunk["usage"]
-        for ch in chunk.get("choices") or ():
-            if not isinstance(ch, dict):
-                continue
-            i = ch.get("index", 0)
-            c = self.choices.get(i)
-            if c is None:  # (not setdefault: that would build the dict on every chunk)
-                c = self.choices[i] = {"index": i, "message": {}, "finish_reason": None, "_parts": {}}
-            delta = ch.get("delta") or {}
-            if isinstance(delta, dict):
-                parts = c["_parts"]
-                for k, v in delta.items():
-                    if k == "tool_calls" and isinstance(v, list):
-                        self._tool_calls(c, v)
-                    elif isinstance(v, str) and k != "role":
-                        got = parts.get(k)
-                        if got is None:
-                            parts[k] = [v]
-                        else:
-                            got.append(v)
-                    elif v is not None:
-                        c["message"][k] = v
-            if ch.get("finish_reason") is not None:
-                c["finish_reason"] = ch["finish_reason"]
-            lp = ch.get("logprobs")
-            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-                c.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
+    def new_choice(self, index: int) -> dict[str, Any]:
+        return {"index": index, "message": {}, "finish_reason": None, "_parts": {}}
+
+    def add_choice(self, c: dict[str, Any], ch: dict) -> None:
+        delta = ch.get("delta") or {}
+        if isinstance(delta, dict):
+            parts = c["_parts"]
+            for k, v in delta.items():
+                if k == "tool_calls" and isinstance(v, list):
+                    self._tool_calls(c, v)
+                elif isinstance(v, str) and k != "role":
+                    got = parts.get(k)
+                    if got is None:
+                        parts[k] = [v]
+                    else:
+                        got.append(v)
+                elif v is not None:
+                    c["message"][k] = v
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            c.setdefault("logprobs", {"content": []})["content"].extend(lp["content"])
 
     @staticmethod
     def _tool_calls(c: dict, deltas: list) -> None:
@@ -116,19 +104,12 @@ class Assembler:
             if fn.get("arguments"):
                 tc["function"]["arguments"] += fn["arguments"]
 
-    def result(self) -> dict:
-        choices = []
-        for i in sorted(self.choices):
-            c = self.choices[i]
-            msg = {"role": "assistant", **c["message"]}
-            for k, parts in c.pop("_parts").items():
-                msg[k] = "".join(parts)
-            c["message"] = msg
-            choices.append(c)
-        out = {**self.head, "object": "chat.completion", "choices": choices}
-        if self.usage is not None:
-            out["usage"] = self.usage
-        return out
+    def end_choice(self, c: dict[str, Any]) -> dict[str, Any]:
+        msg = {"role": "assistant", **c["message"]}
+        for k, parts in c.pop("_parts").items():
+            msg[k] = "".join(parts)
+        c["message"] = msg
+        return c
 
 
 def text_of(choice_obj: dict) -> str:

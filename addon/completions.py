@@ -6,6 +6,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
+from . import assemble
 from .capture import CallCapture
 
 
@@ -37,45 +38,26 @@ def _arr(ids: list):
     return array("i", ids)
 
 
-class Assembler:
+class Assembler(assemble.Assembler):
     """Rebuilds a text_completion object from the (harness-visible) stream chunks."""
 
-    def __init__(self) -> None:
-        self.head: dict[str, Any] = {}
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.usage: Any = None
+    object_name = "text_completion"
 
-    def add(self, chunk: dict) -> None:
-        if not self.head:
-            self.head = {k: chunk.get(k) for k in ("id", "created", "model") if k in chunk}
-        if chunk.get("usage") is not None:
-            self.usage = chunk["usage"]
-        for ch in chunk.get("choices") or ():
-            if not isinstance(ch, dict):
-                continue
-            i = ch.get("index", 0)
-            c = self.choices.setdefault(i, {"index": i, "text": [], "finish_reason": None})
-            if isinstance(ch.get("text"), str):
-                c["text"].append(ch["text"])
-            if ch.get("finish_reason") is not None:
-                c["finish_reason"] = ch["finish_reason"]
-            lp = ch.get("logprobs")
-            if isinstance(lp, dict):
-                agg = c.setdefault("logprobs", {})
-                for k, v in lp.items():
-                    if isinstance(v, list):
-                        agg.setdefault(k, []).extend(v)
+    def new_choice(self, index: int) -> dict[str, Any]:
+        return {"index": index, "text": [], "finish_reason": None}
 
-    def result(self) -> dict:
-        choices = []
-        for i in sorted(self.choices):
-            c = dict(self.choices[i])
-            c["text"] = "".join(c["text"])
-            choices.append(c)
-        out = {**self.head, "object": "text_completion", "choices": choices}
-        if self.usage is not None:
-            out["usage"] = self.usage
-        return out
+    def add_choice(self, c: dict[str, Any], ch: dict) -> None:
+        if isinstance(ch.get("text"), str):
+            c["text"].append(ch["text"])
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict):
+            agg = c.setdefault("logprobs", {})
+            for k, v in lp.items():
+                if isinstance(v, list):
+                    agg.setdefault(k, []).extend(v)
+
+    def end_choice(self, c: dict[str, Any]) -> dict[str, Any]:
+        return {**c, "text": "".join(c["text"])}
 
 
 def text_of(choice_obj: dict) -> str:

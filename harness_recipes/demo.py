@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import shutil
 import subprocess
@@ -36,17 +35,9 @@ def step(msg: str) -> None:
 
 
 def tiny_model() -> Path:
-    done = TINY / ".complete"
-    if done.is_file():
-        return TINY
-    TINY.parent.mkdir(parents=True, exist_ok=True)
-    with open(TINY.parent / ".tiny.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_file():
-            from trainer.serve.tiny import make_tiny
-            make_tiny(TINY, seed=0)
-            done.write_text("ok\n")
-    return TINY
+    from trainer.serve.tiny import ensure_tiny
+
+    return ensure_tiny(TINY, seed=0)
 
 
 def run(cmd: list[str], timeout: float) -> None:

@@ -31,9 +31,14 @@ class Sandbox(ABC):
 
     workspace: str  # path as the commands inside see it
     home: str
+    root: Path  # the episode directory on the host: config files may be written only below it
 
-    @abstractmethod
-    async def write_file(self, path: str, content: str) -> None: ...
+    async def write_file(self, path: str, content: str) -> None:
+        p = Path(path)
+        if not p.resolve().is_relative_to(self.root.resolve()):
+            raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content)
 
     @abstractmethod
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult: ...

@@ -80,13 +80,6 @@ class DockerSandbox(Sandbox):
         self.home = str(root / "home")
         self._closed = False
 
-    async def write_file(self, path: str, content: str) -> None:
-        p = Path(path)
-        if not p.resolve().is_relative_to(self.root.resolve()):
-            raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
-
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str) -> ExecResult:
         t0 = time.monotonic()
         # coreutils timeout runs the command in its own process group and kills the whole group.

@@ -47,13 +47,6 @@ class LocalSandbox(Sandbox):
         self.isolate = isolate
         self._closed = False
 
-    async def write_file(self, path: str, content: str) -> None:
-        p = Path(path)
-        if not p.resolve().is_relative_to(self.root.resolve()):
-            raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
-
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
         if not self.isolate:
             return argv

@@ -11,15 +11,15 @@ when the block exits.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness_recipes.stack import stop
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "tiny-qwen3"
@@ -29,18 +29,9 @@ TINY_SEED = 0
 
 def tiny_model_dir(seed: int = TINY_SEED) -> Path:
     """Build the tiny random Qwen3 once (under a file lock, for parallel test processes); return its dir."""
-    out = CACHE if seed == TINY_SEED else CACHE.with_name(f"tiny-qwen3-seed{seed}")
-    done = out / ".complete"
-    if done.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".tiny.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_file():
-            from trainer.serve.tiny import make_tiny
-            make_tiny(out, seed=seed)
-            done.write_text("ok\n")
-    return out
+    from trainer.serve.tiny import ensure_tiny
+
+    return ensure_tiny(CACHE if seed == TINY_SEED else CACHE.with_name(f"tiny-qwen3-seed{seed}"), seed=seed)
 
 
 @dataclass
@@ -97,10 +88,4 @@ def polar_serve(model_dir, dialect: str = "vllm", script=None, extra_args=(), ti
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
         yield handle
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop(proc, grace=10)

@@ -7,6 +7,7 @@ fixed seed, so the same seed gives byte-identical safetensors.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 from pathlib import Path
@@ -59,4 +60,20 @@ def make_tiny(out_dir: str | Path, seed: int = 0, tokenizer_dir: str | Path = TO
         if src.is_file():
             shutil.copyfile(src, out / name)
     (out / "polar_tiny.json").write_text(json.dumps({"seed": seed, "config": TINY_CONFIG}, indent=1) + "\n")
+    return out
+
+
+def ensure_tiny(out_dir: str | Path, seed: int = 0) -> Path:
+    """Build the tiny model into out_dir once (file lock: parallel test processes and the demo
+    share the cache); a `.complete` marker says the build finished."""
+    out = Path(out_dir)
+    done = out / ".complete"
+    if done.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            make_tiny(out, seed=seed)
+            done.write_text("ok\n")
     return out
