@@ -40,8 +40,12 @@ def add_fields(raw: bytes, body: dict, added: dict[str, Any]) -> bytes:
 
 
 def log_request_text(raw: bytes, body: Any) -> bytes:
-    """The request as the harness sent it (UTF-8 bytes), with secret fields redacted."""
-    if body is not None and _SECRET_KEY_RE.search(raw):
+    """The request as the harness sent it (UTF-8 bytes), with secret fields redacted. A body
+    that did not parse (``body`` None) and names a secret key is not logged at all: its value
+    cannot be found reliably."""
+    if _SECRET_KEY_RE.search(raw):
+        if body is None:
+            return b"[request body not logged: it is not valid JSON and names a secret key]"
         redacted = redact_json(body)
         if redacted != body:
             return dumps_like_python(redacted)
@@ -101,6 +105,7 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:
         call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
+        call.request_text = log_request_text(raw, None)
         return None
     if call.translator is None and isinstance(body, dict):
         # the log's request text (secret scan of 80 KB) is not needed upstream: computed by

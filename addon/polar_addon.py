@@ -26,6 +26,7 @@ from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
 from polar_recon.logfile import warm_up
+from addon.tuning import Tuning
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 
 try:
@@ -324,4 +325,4 @@ class PolarAddon:
             self.episodes.close_all()
 
 
-addons = [PolarAddon()]
+addons = [PolarAddon(), Tuning()]

@@ -179,6 +179,18 @@ def test_bad_inputs(stack):
     assert "not valid JSON" in rows[0]["error"]
     assert rows[1]["error"] is None and rows[1]["completion_ids"]
     assert rows[2]["error"] is None and len(rows[2]["request"]) > 10 * 1024 * 1024
+    # malformed JSON that looks like an object ({...}): passed through as it came
+    broken = b'{"model": "m", "messages": [}'
+    d = post(be.url + "/v1/chat/completions", broken)
+    p = post(px.url + "/v1/chat/completions", broken, episode=e)
+    assert p[0] == d[0] == 400
+    rows = read_log(logdir / f"{e}.arrow").to_dicts()
+    assert "not valid JSON" in rows[3]["error"] and rows[3]["request"] == broken.decode()
+    # ... and one that names a secret key: its text is not logged at all
+    post(px.url + "/v1/chat/completions", b'{"api_key": "sk-secret-123", "messages": [}', episode=e)
+    rows = read_log(logdir / f"{e}.arrow").to_dicts()
+    assert "sk-secret-123" not in rows[4]["request"] and "not logged" in rows[4]["request"]
+    assert b"sk-secret-123" not in (logdir / f"{e}.arrow").read_bytes()
 
 
 def test_invalid_episode_id_400_nothing_on_disk(stack):
