@@ -12,7 +12,8 @@ import orjson
 
 from . import chat, completions
 from .capture import CallCapture, dumps_like, dumps_like_python
-from .dialects import Plan, plan_request, strip_response
+from .dialects import REQUEST_KEYS, Plan, plan_request, strip_response
+from .jsonhead import request_head
 from .redact import SECRET_KEYS, redact_json
 from .stream import StreamFilter, TranslatedStream
 
@@ -21,6 +22,7 @@ API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "mes
 # lower-casing 80 KB and searching each name).
 _SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"', re.I)
 MAX_ERROR_BODY = 2000
+UNPARSED = object()  # a request read through jsonhead: parsed whole only if the log needs it
 
 
 class BadRequest(Exception):
@@ -32,11 +34,19 @@ def add_fields(raw: bytes, body: dict, added: dict[str, Any]) -> bytes:
     before the final ``}`` (no re-serialization of an 80 KB body); otherwise re-serialize."""
     if not added:
         return raw
-    end = raw.rfind(b"}")
-    if end < 0 or any(k in body for k in added):
+    if raw.rfind(b"}") < 0 or any(k in body for k in added):
         return dumps_like_python({**body, **added})
+    return splice_fields(raw, bool(body), added)
+
+
+def splice_fields(raw: bytes, nonempty: bool, added: dict[str, Any]) -> bytes:
+    """``added`` (keys the object lacks) written in before the object's final ``}``."""
+    if not added:
+        return raw
+    end = raw.rfind(b"}")
     ins = b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in added.items())
-    return raw[:end] + (b"," if body else b"") + ins + raw[end:]
+    view = memoryview(raw)  # one copy of the 80 KB body, not three
+    return b"".join((view[:end], b"," if nonempty else b"", ins, view[end:]))
 
 
 def log_request_text(raw: bytes, body: Any) -> bytes:
@@ -44,6 +54,11 @@ def log_request_text(raw: bytes, body: Any) -> bytes:
     that did not parse (``body`` None) and names a secret key is not logged at all: its value
     cannot be found reliably."""
     if _SECRET_KEY_RE.search(raw):
+        if body is UNPARSED:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                body = None
         if body is None:
             return b"[request body not logged: it is not valid JSON and names a secret key]"
         redacted = redact_json(body)
@@ -98,9 +113,23 @@ class Call:
         return API_MODULES[self.api]
 
 
+_HEAD_KEYS = (*REQUEST_KEYS, "model")
+
+
 def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     """Parse and rewrite the request. Returns the body to send upstream, or None to pass the
     harness's request through untouched (bad JSON: the server answers it as it would directly)."""
+    head = request_head(raw, _HEAD_KEYS) if call.translator is None else None
+    if head is not None:  # the top-level fields only (jsonhead.py)
+        fields, size = head
+        call.pending_request = (raw, UNPARSED)
+        model = fields.get("model")
+        call.model = model if isinstance(model, str) else None
+        call.plan = plan_request(call.api, call.dialect, fields)
+        call.stream = call.plan.stream
+        if any(k in fields for k in call.plan.added):  # the harness set one (to false): re-serialize
+            return add_fields(raw, orjson.loads(raw), call.plan.added)
+        return splice_fields(raw, size > 0, call.plan.added)
     try:
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:

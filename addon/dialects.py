@@ -60,6 +60,11 @@ def _wants_logprobs(api: str, body: dict) -> bool:
     return lp is not None and lp is not False  # completions: an int (0 is a request too)
 
 
+# Every top-level request key plan_request reads (the proxy reads just these, see jsonhead.py).
+REQUEST_KEYS = ("stream", "logprobs", "n", "echo", "return_token_ids", "return_prompt_token_ids",
+                "return_meta_info", "return_input_ids_in_sglext", "return_output_ids_in_sglext")
+
+
 def plan_request(api: str, dialect: str, body: dict) -> Plan:
     """Decide the fields to add; the caller applies ``plan.added`` to the body."""
     if dialect not in DIALECTS:

@@ -59,3 +59,81 @@ def test_translator_notes_from_finish_reach_the_row():
     (row,) = calls.rows(c, 1.0)
     assert any("never named its function" in n for n in row["notes"]), row["notes"]
     assert row["completion_ids"].tolist() == [7] and row["error"] is None
+
+
+# -- the request's top-level fields read without building the body (addon/jsonhead.py) ----------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from addon import call as calls  # noqa: E402
+from addon import jsonhead  # noqa: E402
+from addon.dialects import REQUEST_KEYS, plan_request  # noqa: E402
+
+_KEYS = [*REQUEST_KEYS, "model", "top_logprobs", "messages", "tools"]
+_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 5) | st.text(max_size=4)
+                       | st.integers(2**64, 2**70),  # big ints: simdjson refuses, orjson reads a float
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=3),
+                       max_leaves=8)
+_bodies = st.dictionaries(st.sampled_from(_KEYS), _values, max_size=6)
+
+
+def test_simdjson_is_installed_for_the_fast_path():
+    assert jsonhead._simdjson is not None, "pysimdjson is a dependency (setup.cfg): the request path needs it"
+
+
+def test_plan_request_reads_only_request_keys():
+    seen = set()
+
+    class Spy(dict):
+        def get(self, k, default=None):
+            seen.add(k)
+            return super().get(k, default)
+
+        def __contains__(self, k):
+            seen.add(k)
+            return super().__contains__(k)
+
+        def __getitem__(self, k):
+            seen.add(k)
+            return super().__getitem__(k)
+
+    for api in ("chat", "completions"):
+        for dialect in ("vllm", "sglang"):
+            for stream in (True, False):
+                plan_request(api, dialect, Spy(stream=stream))
+    assert seen <= set(REQUEST_KEYS), seen - set(REQUEST_KEYS)
+
+
+def _prepared(raw, api, dialect, fast, monkeypatch):
+    monkeypatch.setattr(jsonhead, "_simdjson", jsonhead._simdjson if fast else None)
+    c = calls.Call("e", 0, api, dialect, 0.0, b"")
+    out = calls.prepare(c, raw, {})
+    calls.finish_request_text(c)
+    return out, c
+
+
+@settings(max_examples=300, deadline=None)
+@given(_bodies, st.sampled_from(["chat", "completions"]), st.sampled_from(["vllm", "sglang"]),
+       st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
+def test_top_level_read_rewrites_exactly_as_the_full_parse(body, api, dialect, seps, dup):
+    """Same bytes upstream, same plan, model, log text and errors with and without simdjson."""
+    import pytest
+    raw = json.dumps(body, separators=seps).encode()
+    if dup and body:  # a repeated key: servers read the last one
+        k = next(iter(body))
+        raw = raw[:-1] + (b"," if len(body) else b"") + json.dumps({k: True})[1:-1].encode() + b"}"
+    with pytest.MonkeyPatch.context() as mp:
+        fast_out, fast = _prepared(raw, api, dialect, True, mp)
+        slow_out, slow = _prepared(raw, api, dialect, False, mp)
+    assert fast_out == slow_out
+    assert fast.plan == slow.plan and fast.model == slow.model and fast.stream == slow.stream
+    assert fast.request_text == slow.request_text and fast.errors == slow.errors
+
+
+def test_secret_in_a_request_read_through_the_fast_path_is_redacted():
+    raw = json.dumps({"model": "m", "messages": [], "api_key": "sk-123"}).encode()
+    c = calls.Call("e", 0, "chat", "vllm", 0.0, b"")
+    calls.prepare(c, raw, {})
+    calls.finish_request_text(c)
+    assert b"sk-123" not in c.request_text and b"[redacted]" in c.request_text
