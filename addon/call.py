@@ -6,7 +6,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 
@@ -20,7 +20,8 @@ from .stream import StreamFilter, TranslatedStream
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
 # A secret key name as a JSON key, any case: one regex pass over the raw body (cheaper than
 # lower-casing 80 KB and searching each name).
-_SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"', re.I)
+SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"', re.I)
+SECRET_MATCH_MAX = max(len(k) for k in SECRET_KEYS) + 2  # the longest match: a key and its quotes
 MAX_ERROR_BODY = 2000
 UNPARSED = object()  # a request read through jsonhead: parsed whole only if the log needs it
 
@@ -49,11 +50,12 @@ def splice_fields(raw: bytes, nonempty: bool, added: dict[str, Any]) -> bytes:
     return b"".join((view[:end], b"," if nonempty else b"", ins, view[end:]))
 
 
-def log_request_text(raw: bytes, body: Any) -> bytes:
+def log_request_text(raw: bytes, body: Any, scan: Callable[[bytes], bool] | None = None) -> bytes:
     """The request as the harness sent it (UTF-8 bytes), with secret fields redacted. A body
     that did not parse (``body`` None) and names a secret key is not logged at all: its value
-    cannot be found reliably."""
-    if _SECRET_KEY_RE.search(raw):
+    cannot be found reliably. ``scan``: whether raw names a secret key (default: search it all;
+    the proxy passes its episode's redact.CleanRequests, which reads only what changed)."""
+    if (scan(raw) if scan is not None else SECRET_KEY_RE.search(raw) is not None):
         if body is UNPARSED:
             try:
                 body = orjson.loads(raw)
@@ -104,6 +106,7 @@ class Call:
     # so they are dropped after the harness has its answer (drop_trash), not on its path.
     trash: list[Any] = field(default_factory=list)
     prompt_cache: Any = None  # idlists.PromptCache of the proxy (None: parse every answer whole)
+    clean_requests: Any = None  # redact.CleanRequests of the proxy (None: scan every request whole)
 
     def drop_trash(self) -> None:
         self.trash = []
@@ -163,7 +166,9 @@ def finish_request_text(call: Call) -> None:
     if call.pending_request is not None:
         raw, body = call.pending_request
         call.pending_request = None
-        call.request_text = log_request_text(raw, body)
+        cache = call.clean_requests
+        call.request_text = log_request_text(raw, body, None if cache is None else
+                                             (lambda r: cache.has_secret(call.episode_id, r)))
 
 
 def start_response(call: Call, status: int, content_type: str) -> Any:

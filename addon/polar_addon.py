@@ -25,6 +25,7 @@ from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
+from addon.redact import CleanRequests
 from polar_recon.logfile import warm_up
 from addon.tuning import Tuning
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
@@ -65,6 +66,8 @@ class PolarAddon:
         self._auto: dict[str, str] = {}
         self._upstream: urllib.parse.SplitResult | None = None
         self.prompt_cache = PromptCache()  # each episode's last prompt id list (idlists.py)
+        # each episode's last request without secret keys (redact.py): the next scan reads the change
+        self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
 
     # -- options ----------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -154,6 +157,7 @@ class PolarAddon:
             c = calls.Call(r.episode_id, call_index, api, dialect, t_start, b"")
             c.translator = translator
             c.prompt_cache = self.prompt_cache
+            c.clean_requests = self.clean_requests
             ok = self._prepare(flow, c)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)

@@ -2,7 +2,10 @@
 is written. The request sent upstream is never changed by this module."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
+
+import numpy as np
 
 REDACTED = "[redacted]"
 
@@ -38,3 +41,47 @@ def has_secret_key(value: Any) -> bool:
     elif isinstance(value, list):
         return any(isinstance(v, (dict, list)) and has_secret_key(v) for v in value)
     return False
+
+
+class CleanRequests:
+    """Per episode: the last request found free of secret keys, so the next scan reads only what
+    changed. An agent's request k+1 repeats request k (system prompt, tools, history) and adds a
+    few turns; a key name in the repeated prefix or suffix would have been found in request k.
+    So only the differing middle, widened by ``margin`` bytes on both sides (a match can start
+    in the prefix and end in the middle), is searched. Bounded: least recently used out."""
+
+    def __init__(self, pattern, margin: int, max_episodes: int = 64):
+        self.pattern = pattern
+        self.margin = margin
+        self.max = max_episodes
+        self._last: OrderedDict[str, bytes] = OrderedDict()
+
+    def has_secret(self, key: str, raw: bytes) -> bool:
+        prev = self._last.pop(key, None)
+        if prev is None:
+            hit = self.pattern.search(raw) is not None
+        else:
+            p, s = _shared_ends(prev, raw)
+            lo, hi = max(0, p - self.margin), min(len(raw), len(raw) - s + self.margin)
+            hit = lo < hi and self.pattern.search(raw, lo, hi) is not None
+        if not hit:
+            self._last[key] = raw
+            while len(self._last) > self.max:
+                self._last.popitem(last=False)
+        return hit
+
+
+def _shared_ends(a: bytes, b: bytes) -> tuple[int, int]:
+    """Lengths of the common prefix and of the common suffix of b with a (not overlapping)."""
+    n = min(len(a), len(b))
+    if a == b:
+        return n, 0
+    x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
+    diff = np.flatnonzero(x[:n] != y[:n])
+    p = int(diff[0]) if len(diff) else n
+    m = n - p
+    if m == 0:
+        return p, 0
+    rx, ry = x[len(a) - m:][::-1], y[len(b) - m:][::-1]
+    diff = np.flatnonzero(rx != ry)
+    return p, int(diff[0]) if len(diff) else m
