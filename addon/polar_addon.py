@@ -50,6 +50,22 @@ def _error_response(status: int, message: str) -> http.Response:
     return _json_response(status, {"error": {"message": message, "type": "polar_proxy_error", "code": status}})
 
 
+_FEW = frozenset({b"x-polar-episode", b"content-encoding", b"transfer-encoding"})
+
+
+def few_headers(headers: http.Headers) -> dict[str, str]:
+    """The request headers the hooks read, in one pass over the fields (each Headers.get
+    lower-cases every field name); repeated fields joined with ", " as Headers.get does."""
+    out: dict[str, str] = {}
+    for name, value in headers.fields:
+        low = name.lower()
+        if low in _FEW:
+            k = low.decode("ascii")
+            v = value.decode("utf-8", "surrogateescape")
+            out[k] = out[k] + ", " + v if k in out else v
+    return out
+
+
 def probe_dialect(base_url: str, timeout: float = 5.0) -> str | None:
     """GET /v1/models on the upstream and read owned_by (see dialects.py)."""
     try:
@@ -127,8 +143,9 @@ class PolarAddon:
             if translator is None:
                 self._redirect(flow)
                 return  # not a model call: pass through untouched, not logged
+        heads = few_headers(req.headers)
         try:
-            r = route(req.method, path, req.headers, ctx.options.polar_episode)
+            r = route(req.method, path, heads, ctx.options.polar_episode)
         except RouteError as exc:
             flow.response = _error_response(exc.status, str(exc))
             return
@@ -158,7 +175,7 @@ class PolarAddon:
             c.translator = translator
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
-            ok = self._prepare(flow, c)
+            ok = self._prepare(flow, c, heads)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
@@ -169,10 +186,10 @@ class PolarAddon:
         else:
             self._write(c)
 
-    def _prepare(self, flow: http.HTTPFlow, c: calls.Call) -> bool:
+    def _prepare(self, flow: http.HTTPFlow, c: calls.Call, heads: dict[str, str]) -> bool:
         """Rewrite the request; False when the proxy answered it itself (the row is final)."""
         req = flow.request
-        encoded = req.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        encoded = heads.get("content-encoding", "identity").lower() not in ("", "identity")
         try:
             raw = req.content if encoded else req.raw_content
         except ValueError as exc:  # a content-encoding that does not decode
@@ -199,7 +216,11 @@ class PolarAddon:
                 flow.response = _error_response(500, msg)
             return False
         if new is not None:
-            req.content = new  # re-encodes if the harness compressed it; fixes content-length
+            if encoded or "transfer-encoding" in heads:
+                req.content = new  # re-encodes what the harness compressed; keeps its framing
+            else:  # (what set_content does here, without reading the headers again)
+                req.raw_content = new
+                req.headers["content-length"] = str(len(new))
             if c.translator is not None:
                 req.path = (self._upstream.path.rstrip("/") if self._upstream else "") + CHAT_PATH
                 req.headers["content-type"] = "application/json"
