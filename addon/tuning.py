@@ -69,9 +69,13 @@ class Tuning:
         backlog = ctx.options.polar_listen_backlog
         if backlog:
             socks = listening_sockets()
-            done = sum(set_backlog(s, backlog) for s in socks)
-            if done < len(socks):
-                log.warning("polar: could not raise the listen backlog of %d of %d sockets", len(socks) - done, len(socks))
+            raised = [s for s in socks if set_backlog(s, backlog)]
+            if raised:
+                log.info("polar: listen backlog %d on %s", backlog,
+                         ", ".join(f"{a[0]}:{a[1]}" for a in (s.getsockname() for s in raised)))
+            if len(raised) < len(socks):
+                log.warning("polar: could not raise the listen backlog of %d of %d sockets",
+                            len(socks) - len(raised), len(socks))
         if ctx.options.polar_gc_freeze:
             gc.collect()
             gc.freeze()

@@ -56,12 +56,12 @@ class Proc:
 
 @contextlib.contextmanager
 def mitmdump(workdir: Path, logdir: Path, *, upstream: str | None = None, sets: dict | None = None,
-             mode: str | None = None, addon: bool = True, addon_repo: Path | None = None):
+             mode: str | None = None, addon: bool = True, addon_repo: Path | None = None, quiet: bool = True):
     """mitmdump (+ the addon) as reverse proxy for ``upstream`` (or in ``mode``). ``addon_repo``:
     load the addon of another checkout (the benchmark's before/after comparison) instead."""
     port = free_port()
     log = workdir / f"mitmdump-{port}.log"
-    cmd = [str(MITMDUMP), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port),
+    cmd = [str(MITMDUMP), *(["-q"] if quiet else []), "--listen-host", "127.0.0.1", "--listen-port", str(port),
            "--set", f"confdir={workdir / 'mitmconf'}"]
     cmd += ["--mode", mode or f"reverse:{upstream}"]
     if addon:

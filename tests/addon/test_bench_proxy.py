@@ -21,6 +21,7 @@ def test_bench_proxy_quick(tmp_path):
     polar = res["results"]
     assert polar["nonstream"]["polar"]["errors"] == 0 and polar["stream"]["polar"]["errors"] == 0
     assert polar["c64"]["polar"]["errors"] == 0 and polar["c256"]["polar"]["errors"] == 0
+    assert polar["ns16"]["polar"]["errors"] == 0
     assert polar["log"]["calls"] > 0
     assert res["growing"]["ratio"] <= 1.5, res["growing"]
     assert "median of paired differences" in r.stdout
