@@ -28,15 +28,15 @@ _DIGITS = b"0123456789, "
 MIN_BYTES = 4096  # below this, parsing is cheap anyway
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
+def _common_prefix(a, b) -> int:
+    """Length of the common prefix of two bytes-like objects (bytes or memoryview)."""
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    if (b.startswith(a) if len(a) <= len(b) else a.startswith(b)):  # a memcmp, no 120 KB slice copies
-        return n
     x = np.frombuffer(a, dtype=np.uint8, count=n)
     y = np.frombuffer(b, dtype=np.uint8, count=n)
-    return int(np.flatnonzero(x != y)[0])
+    d = np.flatnonzero(x != y)
+    return int(d[0]) if len(d) else n
 
 
 class PromptCache:
@@ -44,44 +44,61 @@ class PromptCache:
 
     def __init__(self, max_episodes: int = 64):
         self.max = max_episodes
-        self._last: OrderedDict[str, tuple[bytes, array]] = OrderedDict()
+        self._last: OrderedDict[str, tuple[memoryview, array]] = OrderedDict()
         self.hits = 0  # ids reused from the previous list (for tests and the bench)
 
-    def ids(self, key: str, span: bytes) -> array | None:
-        """The ids of one list (the bytes between its brackets), or None if it is not a plain
-        list of non-negative ints."""
+    def ids(self, key: str, raw: bytes, lo: int = 0, hi: int | None = None, extends: bool | None = None) -> array | None:
+        """The ids of one list, ``raw[lo:hi]`` (the bytes between its brackets), or None if it is
+        not a plain list of non-negative ints. The list is kept as a view into ``raw`` (no copy).
+        ``extends``: whether it begins with the previous list, if the caller checked already."""
+        hi = len(raw) if hi is None else hi
+        span = memoryview(raw)[lo:hi]
         prev = self._last.get(key)
-        reuse = 0
+        reuse, tail_lo = 0, lo
         out = array("i")
         if prev is not None:
             pspan, pids = prev
-            k = _common_prefix(span, pspan)
-            if k == len(span) == len(pspan):
-                self._remember(key, span, pids)
-                self.hits += len(pids)
-                return pids
-            cut = span.rfind(b",", 0, k)  # numbers before this comma are complete and equal in both
-            if cut > 0:
-                reuse = span.count(b",", 0, cut) + 1
-                if reuse <= len(pids):
-                    out = pids[:reuse]
-                    span_tail = span[cut + 1:]
-                else:
-                    reuse = 0
-        if reuse == 0:
-            span_tail = span
-        if span_tail.translate(None, _DIGITS):
+            pn = len(pspan)
+            if extends is None:
+                extends = pn <= hi - lo and raw.startswith(pspan, lo)
+            if extends and pn <= hi - lo:  # the common case: one memcmp
+                if pn == hi - lo:  # the same list again
+                    self._remember(key, span, pids)
+                    self.hits += len(pids)
+                    return pids
+                if raw[lo + pn] == 0x2C:  # ",": the previous list's last number is complete here
+                    reuse, tail_lo = len(pids), lo + pn + 1
+            if reuse == 0:  # (the lists part earlier: a turn of the history changed)
+                k = _common_prefix(span, pspan)
+                cut = raw.rfind(b",", lo, lo + k)  # numbers before this comma are complete and equal in both
+                if cut > lo:
+                    reuse = raw.count(b",", lo, cut) + 1
+                    if reuse <= len(pids):
+                        tail_lo = cut + 1
+                    else:
+                        reuse = 0
+            if reuse:
+                out = pids[:reuse]
+        tail = raw[tail_lo:hi]
+        if tail.translate(None, _DIGITS):
             return None
         try:
-            tail = orjson.loads(b"[" + span_tail + b"]") if span_tail.strip() else []
-            out.extend(tail)
+            out.extend(orjson.loads(b"[" + tail + b"]") if tail.strip() else [])
         except (orjson.JSONDecodeError, OverflowError, TypeError):
             return None
         self.hits += reuse
         self._remember(key, span, out)
         return out
 
-    def _remember(self, key: str, span: bytes, ids: array) -> None:
+    def end_of_list(self, key: str, raw: bytes, lo: int) -> tuple[int, bool]:
+        """Where the list starting at ``lo`` ends (its "]", or -1), and whether it begins with
+        the episode's previous list (which holds no "]": the search starts after it)."""
+        prev = self._last.get(key)
+        if prev is not None and raw.startswith(prev[0], lo):
+            return raw.find(b"]", lo + len(prev[0])), True
+        return raw.find(b"]", lo), False
+
+    def _remember(self, key: str, span: memoryview, ids: array) -> None:
         self._last[key] = (span, ids)
         self._last.move_to_end(key)
         while len(self._last) > self.max:
@@ -96,16 +113,16 @@ class PromptCache:
                 if start < 0:
                     continue
                 lo = start + len(pat)
-                hi = raw.find(b"]", lo)
+                hi, extends = self.end_of_list(key, raw, lo)
                 if hi < 0 or raw.find(pat, hi) >= 0 or hi - lo < MIN_BYTES:
                     break
-                obj = self._spliced(key, raw, lo, hi)
+                obj = self._spliced(key, raw, lo, hi, extends)
                 if obj is not None:
                     return obj
                 break
         return orjson.loads(raw)
 
-    def _spliced(self, key: str, raw: bytes, lo: int, hi: int) -> Any:
+    def _spliced(self, key: str, raw: bytes, lo: int, hi: int, extends: bool | None = None) -> Any:
         try:
             obj = orjson.loads(raw[: lo - 1] + _SENTINEL_JSON + raw[hi + 1:])
         except orjson.JSONDecodeError:
@@ -113,7 +130,7 @@ class PromptCache:
         holder = _holder(obj)
         if holder is None:
             return None
-        ids = self.ids(key, raw[lo:hi])
+        ids = self.ids(key, raw, lo, hi, extends)
         if ids is None:
             return None
         holder["prompt_token_ids"] = ids

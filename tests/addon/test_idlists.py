@@ -112,3 +112,22 @@ def test_finish_body_with_cache_logs_the_same_ids(api, dialect):
         outs.append(out)
     assert outs[0] == outs[1] == outs[2] and b"100000" not in outs[0]
     assert cache.hits == len(prompt)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_small = st.lists(st.integers(0, 200), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), _small), min_size=1, max_size=6), st.integers(1200, 1400))
+def test_any_sequence_of_lists_matches_orjson(steps, base_len):
+    """Each answer keeps a random prefix of the previous list and appends random ids (numbers
+    that extend the previous last number, shorter lists, identical lists...)."""
+    cache = PromptCache()
+    prompt = [i % 97 for i in range(base_len)]
+    for keep_tail_cut, extra in steps:
+        prompt = prompt[: max(0, len(prompt) - keep_tail_cut)] + extra
+        raw = vllm_answer(prompt)
+        assert plain(cache.loads("e", raw)) == orjson.loads(raw)
