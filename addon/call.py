@@ -23,6 +23,9 @@ API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "mes
 SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"', re.I)
 SECRET_MATCH_MAX = max(len(k) for k in SECRET_KEYS) + 2  # the longest match: a key and its quotes
 MAX_ERROR_BODY = 2000
+# The harness asked for prompt ids itself: its answer keeps them, so they must stay JSON lists
+# (idlists.PromptCache turns them into arrays, which only the proxy's own fields may be).
+_OWN_PROMPT_FLAGS = frozenset({"return_token_ids", "return_prompt_token_ids", "return_input_ids_in_sglext"})
 UNPARSED = object()  # a request read through jsonhead: parsed whole only if the log needs it
 
 
@@ -183,7 +186,7 @@ def start_response(call: Call, status: int, content_type: str) -> Any:
         call.transform = TranslatedStream(call.cap, mod.extract, call.translator, mod.Assembler())
     else:
         call.transform = StreamFilter(call.cap, mod.extract, mod.Assembler())
-        if not call.plan.harness_flags & {"return_token_ids", "return_prompt_token_ids"}:
+        if not call.plan.harness_flags & _OWN_PROMPT_FLAGS:
             call.transform.prompt_cache, call.transform.cache_key = call.prompt_cache, call.episode_id
     return call.transform
 
@@ -205,7 +208,7 @@ def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
     if call.plan is None:
         call.response_text = body
         return None
-    own_ids = call.plan.harness_flags & {"return_token_ids", "return_prompt_token_ids"}
+    own_ids = call.plan.harness_flags & _OWN_PROMPT_FLAGS
     cache = call.prompt_cache if call.translator is None and not own_ids else None
     try:
         obj = cache.loads(call.episode_id, body) if cache is not None else orjson.loads(body)

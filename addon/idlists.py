@@ -21,7 +21,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-_KEYS = (b'"prompt_token_ids":[', b'"prompt_token_ids": [')
+from .jsonhead import int_list
+
+# (pattern, key): vLLM's top-level / SGLang's per-choice prompt ids, and SGLang's streamed sglext
+_KEYS = ((b'"prompt_token_ids":[', "prompt_token_ids"), (b'"prompt_token_ids": [', "prompt_token_ids"),
+         (b'"input_ids":[', "input_ids"), (b'"input_ids": [', "input_ids"))
 SENTINEL = "\x00polar-prompt-ids"
 _SENTINEL_JSON = orjson.dumps(SENTINEL)
 _DIGITS = b"0123456789, "
@@ -37,6 +41,29 @@ def _common_prefix(a, b) -> int:
     y = np.frombuffer(b, dtype=np.uint8, count=n)
     d = np.flatnonzero(x != y)
     return int(d[0]) if len(d) else n
+
+
+_BIG_TAIL = 2048  # bytes of digits past which simdjson parses the ids (no Python int per id)
+_INT32_MAX = 2**31 - 1
+
+
+def parse_ids(tail: bytes) -> array | None:
+    """``1,2,3`` (the digits, commas and spaces between a list's brackets) as ``array('i')``;
+    None if they are not a JSON list of int32 values."""
+    if not tail.strip():
+        return array("i")
+    if len(tail) >= _BIG_TAIL:
+        a = int_list(b"[" + tail + b"]")
+        if a is not None:
+            if len(a) and int(a.max()) > _INT32_MAX:
+                return None
+            out = array("i")
+            out.frombytes(a.astype(np.intc).tobytes())  # (np.intc: the C int of array("i"))
+            return out
+    try:
+        return array("i", orjson.loads(b"[" + tail + b"]"))
+    except (orjson.JSONDecodeError, OverflowError, TypeError):
+        return None
 
 
 class PromptCache:
@@ -82,10 +109,10 @@ class PromptCache:
         tail = raw[tail_lo:hi]
         if tail.translate(None, _DIGITS):
             return None
-        try:
-            out.extend(orjson.loads(b"[" + tail + b"]") if tail.strip() else [])
-        except (orjson.JSONDecodeError, OverflowError, TypeError):
+        new = parse_ids(tail)
+        if new is None:
             return None
+        out.extend(new)
         self.hits += reuse
         self._remember(key, span, out)
         return out
@@ -108,7 +135,7 @@ class PromptCache:
         """orjson.loads(raw), with the prompt id list (if any, and big) as an ``array('i')``
         taken from the cache where it can be. Raises orjson.JSONDecodeError like orjson.loads."""
         if len(raw) >= MIN_BYTES:
-            for pat in _KEYS:
+            for pat, field in _KEYS:
                 start = raw.find(pat)
                 if start < 0:
                     continue
@@ -116,31 +143,36 @@ class PromptCache:
                 hi, extends = self.end_of_list(key, raw, lo)
                 if hi < 0 or raw.find(pat, hi) >= 0 or hi - lo < MIN_BYTES:
                     break
-                obj = self._spliced(key, raw, lo, hi, extends)
+                obj = self._spliced(key, raw, lo, hi, extends, field)
                 if obj is not None:
                     return obj
                 break
         return orjson.loads(raw)
 
-    def _spliced(self, key: str, raw: bytes, lo: int, hi: int, extends: bool | None = None) -> Any:
+    def _spliced(self, key: str, raw: bytes, lo: int, hi: int, extends: bool | None = None,
+                 field: str = "prompt_token_ids") -> Any:
         try:
             obj = orjson.loads(raw[: lo - 1] + _SENTINEL_JSON + raw[hi + 1:])
         except orjson.JSONDecodeError:
             return None
-        holder = _holder(obj)
+        holder = _holder(obj, field)
         if holder is None:
             return None
         ids = self.ids(key, raw, lo, hi, extends)
         if ids is None:
             return None
-        holder["prompt_token_ids"] = ids
+        holder[field] = ids
         return obj
 
 
-def _holder(obj: Any) -> dict | None:
-    """The dict whose prompt_token_ids is the sentinel: top level (vLLM) or the one choice (SGLang)."""
+def _holder(obj: Any, field: str = "prompt_token_ids") -> dict | None:
+    """The dict whose ``field`` is the sentinel: top level (vLLM), the one choice (SGLang), or
+    the sglext of SGLang's streamed id chunk (``input_ids``)."""
     if not isinstance(obj, dict):
         return None
+    if field == "input_ids":
+        ext = obj.get("sglext")
+        return ext if isinstance(ext, dict) and ext.get("input_ids") == SENTINEL else None
     if obj.get("prompt_token_ids") == SENTINEL:
         return obj
     choices = obj.get("choices")

@@ -131,3 +131,62 @@ def test_any_sequence_of_lists_matches_orjson(steps, base_len):
         prompt = prompt[: max(0, len(prompt) - keep_tail_cut)] + extra
         raw = vllm_answer(prompt)
         assert plain(cache.loads("e", raw)) == orjson.loads(raw)
+
+
+from addon.idlists import parse_ids  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=3000), st.sampled_from([",", ", "]))
+def test_parse_ids_big_and_small_tails_match_orjson(ids, sep):
+    tail = sep.join(map(str, ids)).encode()
+    got = parse_ids(tail)
+    assert got is not None and got.tolist() == ids
+
+
+@pytest.mark.parametrize("tail", [
+    ",".join(["7"] * 1500 + [str(2**31)]).encode(),  # past int32 (big tail: the simdjson path)
+    ",".join(["7"] * 1500 + [str(2**64)]).encode(),  # past 64 bits
+    ",".join(["7"] * 1500).encode() + b",,1",  # not a list
+    ",".join(["7"] * 1500).encode() + b",",
+    b"1," + str(2**31).encode(),  # small tail: the orjson path
+    b"1,,2",
+])
+def test_parse_ids_refuses_what_is_not_an_int32_list(tail):
+    assert parse_ids(tail) is None
+
+
+def test_sglang_streamed_sglext_input_ids_are_cached_and_match_orjson():
+    cache = PromptCache()
+    ids = list(range(200000, 204000))
+    for turn in range(3):
+        for spaced in (False, True):
+            obj = {"id": "c", "choices": [], "sglext": {"input_ids": ids, "output_ids": [[5, 6]]}}
+            raw = json.dumps(obj).encode() if spaced else orjson.dumps(obj)
+            got = cache.loads("g", raw)
+            assert isinstance(got["sglext"]["input_ids"], array)
+            assert plain(got) == orjson.loads(raw)
+        ids = ids + [7, 8, 9]
+    assert cache.hits > 0
+    # a message that merely mentions the key (inside a string: its quotes are escaped) is not cut
+    raw = orjson.dumps({"choices": [{"delta": {"content": '"input_ids":[' + "1," * 3000}}]})
+    assert cache.loads("g", raw) == orjson.loads(raw)
+
+
+def test_harness_that_asks_for_sglext_input_ids_gets_them_as_json_with_a_warm_cache():
+    """A harness that sets return_input_ids_in_sglext keeps sglext.input_ids in its stream: the
+    proxy must not turn that list into an array (it re-serializes the chunk without the output
+    ids it added), also when the same episode's previous call filled the prompt cache."""
+    from addon import call as calls
+
+    ids = list(range(300000, 304000))
+    cache = PromptCache()
+    for turn in range(2):
+        c = calls.Call("e", turn, "chat", "sglang", 0.0, b"")
+        c.prompt_cache = cache
+        calls.prepare(c, json.dumps({"messages": [], "stream": True, "return_input_ids_in_sglext": True}).encode(), {})
+        t = calls.start_response(c, 200, "text/event-stream")
+        chunk = {"id": "c", "choices": [], "sglext": {"input_ids": ids, "output_ids": [[5, 6]]}}
+        out = b"".join(t(b"data: " + orjson.dumps(chunk) + b"\n\n"))
+        assert out == b"data: " + orjson.dumps({"id": "c", "choices": [], "sglext": {"input_ids": ids}}) + b"\n\n"
+        assert not c.cap.notes
