@@ -286,7 +286,10 @@ _SCHEMA_MESSAGE = schema_message(SCHEMA)
 
 
 _APPEND_KEYS = frozenset(COLUMNS) | {"request", "response"}
-_CODEC = pa.Codec("zstd", compression_level=3)
+# Level 1: an episode's first call packs its whole prompt and request (~80 KB each) on the
+# proxy's response path; level 1 takes ~20% less time than 3 for ~5% larger frames.
+_ZSTD_LEVEL = 1
+_CODEC = pa.Codec("zstd", compression_level=_ZSTD_LEVEL)
 _CODEC_LOCK = threading.Lock()
 
 
@@ -301,7 +304,7 @@ try:  # (a dependency of mitmproxy) keeps one compression context: pyarrow's cod
     # one per call, ~20 us of fixed cost, x3 payloads per row on the proxy's response path
     import zstandard as _zstd
 
-    _COMPRESS = _zstd.ZstdCompressor(level=3).compress
+    _COMPRESS = _zstd.ZstdCompressor(level=_ZSTD_LEVEL).compress
 except ImportError:  # pragma: no cover - the same standard zstd frame from pyarrow
     _COMPRESS = None
 
