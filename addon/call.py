@@ -14,7 +14,7 @@ from . import chat, completions
 from .capture import CallCapture, dumps_like, dumps_like_python
 from .dialects import REQUEST_KEYS, Plan, plan_request, strip_response
 from .jsonhead import request_head
-from .redact import SECRET_KEYS, redact_json
+from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
 from .stream import StreamFilter, TranslatedStream
 
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
@@ -53,11 +53,13 @@ def splice_fields(raw: bytes, nonempty: bool, added: dict[str, Any]) -> bytes:
     return b"".join((view[:end], b"," if nonempty else b"", ins, view[end:]))
 
 
-def log_request_text(raw: bytes, body: Any, scan: Callable[[bytes], bool] | None = None) -> bytes:
+def log_request_text(raw: bytes, body: Any, scan: Callable[[bytes], bool] | None = None,
+                     secrets: list[str] | None = None) -> bytes:
     """The request as the harness sent it (UTF-8 bytes), with secret fields redacted. A body
     that did not parse (``body`` None) and names a secret key is not logged at all: its value
     cannot be found reliably. ``scan``: whether raw names a secret key (default: search it all;
-    the proxy passes its episode's redact.CleanRequests, which reads only what changed)."""
+    the proxy passes its episode's redact.CleanRequests, which reads only what changed).
+    ``secrets`` receives the redacted values, to scrub them from what the server echoes."""
     if (scan(raw) if scan is not None else SECRET_KEY_RE.search(raw) is not None):
         if body is UNPARSED:
             try:
@@ -65,9 +67,13 @@ def log_request_text(raw: bytes, body: Any, scan: Callable[[bytes], bool] | None
             except orjson.JSONDecodeError:
                 body = None
         if body is None:
+            if secrets is not None:
+                secrets.extend(secret_values_in_bytes(raw))
             return b"[request body not logged: it is not valid JSON and names a secret key]"
         redacted = redact_json(body)
         if redacted != body:
+            if secrets is not None:
+                secrets.extend(secret_values(body))
             return dumps_like_python(redacted)
     return raw.decode("utf-8", errors="replace").encode() if not _is_utf8(raw) else raw
 
@@ -105,6 +111,7 @@ class Call:
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
+    secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
     # Parsed answers and the id lists removed from them: freeing 20k Python ints costs ~0.2 ms,
     # so they are dropped after the harness has its answer (drop_trash), not on its path.
     trash: list[Any] = field(default_factory=list)
@@ -140,14 +147,14 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:
         call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
-        call.request_text = log_request_text(raw, None)
+        call.request_text = log_request_text(raw, None, secrets=call.secrets)
         return None
     if call.translator is None and isinstance(body, dict):
         # the log's request text (secret scan of 80 KB) is not needed upstream: computed by
         # finish_request_text while the server works, or at the latest when the row is made
         call.pending_request = (raw, body)
     else:  # (a translator may change the body it is given)
-        call.request_text = log_request_text(raw, body)
+        call.request_text = log_request_text(raw, body, secrets=call.secrets)
     if not isinstance(body, dict):
         call.errors.append(f"request body is a JSON {type(body).__name__}, not an object; passed through unmodified")
         return None
@@ -171,7 +178,7 @@ def finish_request_text(call: Call) -> None:
         call.pending_request = None
         cache = call.clean_requests
         call.request_text = log_request_text(raw, body, None if cache is None else
-                                             (lambda r: cache.has_secret(call.episode_id, r)))
+                                             (lambda r: cache.has_secret(call.episode_id, r)), call.secrets)
 
 
 def start_response(call: Call, status: int, content_type: str) -> Any:
@@ -264,6 +271,11 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     for n in getattr(call.translator, "notes", None) or ():  # notes added after the request (at finish())
         if n not in notes:
             notes.append(n)
+    scrub = Scrubber(call.secrets)  # (no-op without secrets)
+    if call.secrets:  # a server that echoes the request (a validation error's "input") must not
+        # carry the harness's key into the row
+        errors, notes = [scrub(e) for e in errors], [scrub(n) for n in notes]
+        call.response_text = scrub(call.response_text)
     base = dict(
         api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
@@ -279,8 +291,10 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     for r in call.cap.rows():
         missing = r.pop("missing")
         errs = errors + ([missing] if missing else [])
+        cap_notes = [scrub(n) for n in call.cap.notes] if call.secrets else call.cap.notes
         out.append(dict(base, **r, weight_version=version,
-                        error="; ".join(errs) or None, notes=(notes + call.cap.notes) or None))
+                        error="; ".join(scrub(e) for e in errs) if call.secrets and errs else "; ".join(errs) or None,
+                        notes=(notes + cap_notes) or None))
     call.cap.free()
     return out
 

@@ -2,6 +2,8 @@
 is written. The request sent upstream is never changed by this module."""
 from __future__ import annotations
 
+import json
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -28,6 +30,56 @@ def redact_json(value: Any) -> Any:
     if isinstance(value, list):
         return [redact_json(v) for v in value]
     return value
+
+
+def secret_values(value: Any) -> list[str]:
+    """The string values of secret keys anywhere in a JSON value (to scrub them from text the
+    server echoes back: an error that quotes the request, e.g. a validation error's "input")."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and k.lower() in SECRET_KEYS:
+                if isinstance(v, str):
+                    out.append(v)
+            else:
+                out.extend(secret_values(v))
+    elif isinstance(value, list):
+        for v in value:
+            out.extend(secret_values(v))
+    return out
+
+
+_QUOTED_VALUE_AFTER_KEY = re.compile(
+    b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"\\s*:\\s*"((?:[^"\\\\]|\\\\.)*)"', re.I)
+
+
+def secret_values_in_bytes(raw: bytes) -> list[str]:
+    """Best effort for a body that is not valid JSON: the quoted values after secret key names."""
+    return [m.group(1).decode("utf-8", "replace") for m in _QUOTED_VALUE_AFTER_KEY.finditer(raw)]
+
+
+class Scrubber:
+    """Replaces known secret values (at least 4 characters, also JSON-escaped) in log text."""
+
+    def __init__(self, secrets: list[str]):
+        forms = set()
+        for sec in secrets:
+            if len(sec) >= 4:
+                forms.add(sec)
+                forms.add(json.dumps(sec)[1:-1])
+                forms.add(json.dumps(sec, ensure_ascii=False)[1:-1])
+        self.forms = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: Any) -> Any:
+        if not self.forms or text is None:
+            return text
+        if isinstance(text, (bytes, bytearray)):
+            for f in self.forms:
+                text = bytes(text).replace(f.encode(), REDACTED.encode())
+            return text
+        for f in self.forms:
+            text = text.replace(f, REDACTED)
+        return text
 
 
 def has_secret_key(value: Any) -> bool:

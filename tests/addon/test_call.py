@@ -137,3 +137,19 @@ def test_secret_in_a_request_read_through_the_fast_path_is_redacted():
     calls.prepare(c, raw, {})
     calls.finish_request_text(c)
     assert b"sk-123" not in c.request_text and b"[redacted]" in c.request_text
+
+
+def test_secret_echoed_by_the_server_is_scrubbed_from_the_row():
+    """vLLM's validation errors quote the request ("input": {...}): the key the request text
+    hides must not reach the row through the error or the response either."""
+    secret = "sk-live-0123456789abcdef"
+    for raw in (json.dumps({"model": "m", "messages": "oops", "api_key": secret}).encode(),  # valid JSON
+                b'{"model": "m", "api_key": "' + secret.encode() + b'", "messages": [}'):  # not JSON
+        c = calls.Call("e", 0, "chat", "vllm", 0.0, b"")
+        calls.prepare(c, raw, {})
+        echo = json.dumps({"object": "error", "message": f"[{{'type': 'list_type', 'input': {raw.decode()!r}}}]"})
+        calls.finish_body(c, 400, echo.encode())
+        (row,) = calls.rows(c, 1.0)
+        text = json.dumps(row, default=str)
+        assert secret not in text, text
+        assert "[redacted]" in row["error"] and "[redacted]" in row["response"].decode()
