@@ -112,6 +112,7 @@ class Call:
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
     secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
+    prepared_request: Any = None  # logfile.PreparedRequest, computed while the server works
     # Parsed answers and the id lists removed from them: freeing 20k Python ints costs ~0.2 ms,
     # so they are dropped after the harness has its answer (drop_trash), not on its path.
     trash: list[Any] = field(default_factory=list)
@@ -279,6 +280,7 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     base = dict(
         api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
+        prepared_request=call.prepared_request,
         response=call.response_text, auxiliary=call.auxiliary,
     )
     if call.cap is None:

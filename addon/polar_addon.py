@@ -181,8 +181,8 @@ class PolarAddon:
             raise
         if ok:
             flow.metadata[META] = c
-            if c.pending_request is not None:  # runs once the request is on its way upstream
-                asyncio.get_running_loop().call_soon(calls.finish_request_text, c)
+            # runs once the request is on its way upstream, while the server works
+            asyncio.get_running_loop().call_soon(self._after_send, c)
         else:
             self._write(c)
 
@@ -227,6 +227,16 @@ class PolarAddon:
             # the transforms parse the answer: ask for it uncompressed (the harness still decodes it)
             req.headers["accept-encoding"] = "identity"
         return True
+
+    def _after_send(self, c: calls.Call) -> None:
+        """The request's log text (secret scan), then its delta against the episode's previous
+        request, packed: both off the answer's path (an episode's first call packs ~80 KB)."""
+        try:
+            calls.finish_request_text(c)
+            if c.request_text and c.status is None:  # (no answer yet: else the row is written already)
+                c.prepared_request = self.episodes.writer(c.episode_id).prepare_request(c.request_text)
+        except Exception as exc:  # noqa: BLE001 - the row computes it again; never fail the call here
+            log.debug("polar: request of call %s not prepared early: %s", c.call_index, exc)
 
     def _redirect(self, flow: http.HTTPFlow, model_call: bool = False) -> None:
         """polar_upstream: model calls and /v1/... (e.g. /v1/models) go to the inference server."""

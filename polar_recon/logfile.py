@@ -273,6 +273,17 @@ def request_delta(prev: bytes, new: bytes) -> tuple[int, int, bytes]:
     return p, s, new[p : len(new) - s]
 
 
+@dataclass(frozen=True)
+class PreparedRequest:
+    """EpisodeWriter.prepare_request's result: valid while ``base`` is the writer's delta base."""
+
+    base: bytes
+    full: bytes
+    prefix_len: int
+    suffix_len: int
+    packed: bytes
+
+
 @dataclass
 class _Recent:
     row: int
@@ -285,7 +296,7 @@ _ENCODER = RowEncoder(SCHEMA)
 _SCHEMA_MESSAGE = schema_message(SCHEMA)
 
 
-_APPEND_KEYS = frozenset(COLUMNS) | {"request", "response"}
+_APPEND_KEYS = frozenset(COLUMNS) | {"request", "response", "prepared_request"}
 # Level 1: an episode's first call packs its whole prompt and request (~80 KB each) on the
 # proxy's response path; level 1 takes ~20% less time than 3 for ~5% larger frames.
 _ZSTD_LEVEL = 1
@@ -379,6 +390,17 @@ class EpisodeWriter:
                 if p is not None:
                     self._recent.append(_Recent(start + j, np.asarray(p + (c or []), dtype=np.int32)))
 
+    def prepare_request(self, req: bytes | str) -> PreparedRequest:
+        """The request's delta against the request the next row will be compared with, packed:
+        the proxy computes this while the server works, so the row written before the answer
+        goes out only checks that the base is still the same (it is, unless another call of
+        the episode was written in between; then append_call computes it again)."""
+        full = req.encode() if isinstance(req, str) else bytes(req)
+        with self._lock:
+            base = self._last_request
+        p, s, mid = request_delta(base, full)
+        return PreparedRequest(base, full, p, s, pack(mid))
+
     @property
     def calls_written(self) -> int:
         return self._rows
@@ -433,6 +455,7 @@ class EpisodeWriter:
             row.update(kind=KIND_CALL, episode_id=self.episode_id, call_index=call_index)
             row.setdefault("choice", 0)
             req = row.pop("request", None)
+            prepared = row.pop("prepared_request", None)
             # (the writer's state changes only once the row is on disk: a failed write leaves
             # the next row's request delta and prompt base pointing at rows that exist)
             if req is None:
@@ -440,8 +463,12 @@ class EpisodeWriter:
                 last_request = b""
             else:
                 full = req.encode() if isinstance(req, str) else bytes(req)
-                p, s, mid = request_delta(self._last_request, full)
-                row.update(request_zstd=pack(mid), request_prefix_len=p, request_suffix_len=s)
+                if prepared is not None and prepared.base is self._last_request and prepared.full == full:
+                    p, s, packed = prepared.prefix_len, prepared.suffix_len, prepared.packed
+                else:
+                    p, s, mid = request_delta(self._last_request, full)
+                    packed = pack(mid)
+                row.update(request_zstd=packed, request_prefix_len=p, request_suffix_len=s)
                 last_request = full
             resp = row.pop("response", None)
             if isinstance(resp, (bytes, bytearray)):  # must read back as text: never store broken UTF-8

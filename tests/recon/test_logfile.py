@@ -111,3 +111,24 @@ def test_garbage_file_is_a_clear_error(tmp_path):
 def test_episode_ids_never_escape(tmp_path, bad):
     with pytest.raises(ValueError, match="invalid episode id"):
         episode_path(tmp_path, bad)
+
+
+def test_prepared_request_delta_is_used_only_against_its_own_base(tmp_path):
+    """EpisodeWriter.prepare_request (computed while the server works) gives the same log as
+    append_call computing the delta itself, also when another row was written in between."""
+    from polar_recon.logfile import EpisodeWriter, read_log
+
+    reqs = ['{"messages":["a"]}', '{"messages":["a","b"]}', '{"messages":["a","b","c"]}', '{"messages":["x"]}']
+    w = EpisodeWriter(tmp_path / "p.arrow", "p")
+    early = w.prepare_request(reqs[0])
+    w.append_call(call_index=0, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], request=reqs[0],
+                  prepared_request=early)
+    stale = w.prepare_request(reqs[2])  # prepared against reqs[0] ...
+    w.append_call(call_index=1, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], request=reqs[1],
+                  prepared_request=w.prepare_request(reqs[1]))
+    w.append_call(call_index=2, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], request=reqs[2],
+                  prepared_request=stale)  # ... but the base is reqs[1] now: computed again
+    wrong = w.prepare_request(reqs[0])  # a prepared delta of another request is never used
+    w.append_call(call_index=3, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], request=reqs[3],
+                  prepared_request=wrong)
+    assert read_log(tmp_path / "p.arrow")["request"].to_list() == reqs
