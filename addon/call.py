@@ -272,11 +272,11 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     for n in getattr(call.translator, "notes", None) or ():  # notes added after the request (at finish())
         if n not in notes:
             notes.append(n)
-    scrub = Scrubber(call.secrets)  # (no-op without secrets)
-    if call.secrets:  # a server that echoes the request (a validation error's "input") must not
-        # carry the harness's key into the row
-        errors, notes = [scrub(e) for e in errors], [scrub(n) for n in notes]
-        call.response_text = scrub(call.response_text)
+    # a server that echoes the request (a validation error's "input") must not carry the
+    # harness's key into the row either (a no-op for the requests without secrets)
+    scrub = Scrubber(call.secrets)
+    errors, notes = [scrub(e) for e in errors], [scrub(n) for n in notes]
+    call.response_text = scrub(call.response_text)
     base = dict(
         api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
@@ -293,10 +293,8 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     for r in call.cap.rows():
         missing = r.pop("missing")
         errs = errors + ([missing] if missing else [])
-        cap_notes = [scrub(n) for n in call.cap.notes] if call.secrets else call.cap.notes
-        out.append(dict(base, **r, weight_version=version,
-                        error="; ".join(scrub(e) for e in errs) if call.secrets and errs else "; ".join(errs) or None,
-                        notes=(notes + cap_notes) or None))
+        out.append(dict(base, **r, weight_version=version, error="; ".join(scrub(e) for e in errs) or None,
+                        notes=(notes + [scrub(n) for n in call.cap.notes]) or None))
     call.cap.free()
     return out
 

@@ -26,9 +26,9 @@ from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
 from addon.redact import CleanRequests
-from polar_recon.logfile import warm_up
-from addon.tuning import Tuning
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.tuning import Tuning
+from polar_recon.logfile import warm_up
 
 try:
     from addon.translate import TranslationError, translator_for

@@ -71,7 +71,7 @@ class Scrubber:
         self.forms = sorted(forms, key=len, reverse=True)
 
     def __call__(self, text: Any) -> Any:
-        if not self.forms or text is None:
+        if not self.forms or text is None:  # (the common case: nothing to scrub)
             return text
         if isinstance(text, (bytes, bytearray)):
             for f in self.forms:

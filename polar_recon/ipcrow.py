@@ -88,7 +88,7 @@ class _Field:
 
     @property
     def n_buffers(self) -> int:
-        own = 3 if self.kind in (_VAR,) else 2
+        own = 3 if self.kind == _VAR else 2  # var: validity, offsets, data; others: validity + one
         return own + (self.child.n_buffers if self.child is not None else 0)
 
 
