@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from polar_recon.logfile import common_prefix
+
 from .jsonhead import int_list
 
 # (pattern, key): vLLM's top-level / SGLang's per-choice prompt ids, and SGLang's streamed sglext
@@ -30,17 +32,6 @@ SENTINEL = "\x00polar-prompt-ids"
 _SENTINEL_JSON = orjson.dumps(SENTINEL)
 _DIGITS = b"0123456789, "
 MIN_BYTES = 4096  # below this, parsing is cheap anyway
-
-
-def _common_prefix(a, b) -> int:
-    """Length of the common prefix of two bytes-like objects (bytes or memoryview)."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.frombuffer(a, dtype=np.uint8, count=n)
-    y = np.frombuffer(b, dtype=np.uint8, count=n)
-    d = np.flatnonzero(x != y)
-    return int(d[0]) if len(d) else n
 
 
 _BIG_TAIL = 2048  # bytes of digits past which simdjson parses the ids (no Python int per id)
@@ -96,7 +87,7 @@ class PromptCache:
                 if raw[lo + pn] == 0x2C:  # ",": the previous list's last number is complete here
                     reuse, tail_lo = len(pids), lo + pn + 1
             if reuse == 0:  # (the lists part earlier: a turn of the history changed)
-                k = _common_prefix(span, pspan)
+                k = common_prefix(span, pspan)
                 cut = raw.rfind(b",", lo, lo + k)  # numbers before this comma are complete and equal in both
                 if cut > lo:
                     reuse = raw.count(b",", lo, cut) + 1

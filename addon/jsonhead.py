@@ -11,6 +11,9 @@ The fast parser only answers; it never decides an error. Whatever it refuses (in
 integer past 64 bits, which orjson reads as a float) or does not return as an object goes to
 orjson, which gives the same answers and error messages as before. Without pysimdjson installed
 every body goes to orjson.
+
+``int_list`` uses the same parser for the other big JSON in a call: a prompt's token id list,
+read into an int64 array without a Python int per id (idlists.parse_ids).
 """
 from __future__ import annotations
 

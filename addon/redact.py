@@ -7,7 +7,7 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
+from polar_recon.logfile import shared_ends
 
 REDACTED = "[redacted]"
 
@@ -113,7 +113,7 @@ class CleanRequests:
         if prev is None:
             hit = self.pattern.search(raw) is not None
         else:
-            p, s = _shared_ends(prev, raw)
+            p, s = shared_ends(prev, raw)
             lo, hi = max(0, p - self.margin), min(len(raw), len(raw) - s + self.margin)
             hit = lo < hi and self.pattern.search(raw, lo, hi) is not None
         if not hit:
@@ -121,19 +121,3 @@ class CleanRequests:
             while len(self._last) > self.max:
                 self._last.popitem(last=False)
         return hit
-
-
-def _shared_ends(a: bytes, b: bytes) -> tuple[int, int]:
-    """Lengths of the common prefix and of the common suffix of b with a (not overlapping)."""
-    n = min(len(a), len(b))
-    if a == b:
-        return n, 0
-    x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
-    diff = np.flatnonzero(x[:n] != y[:n])
-    p = int(diff[0]) if len(diff) else n
-    m = n - p
-    if m == 0:
-        return p, 0
-    rx, ry = x[len(a) - m:][::-1], y[len(b) - m:][::-1]
-    diff = np.flatnonzero(rx != ry)
-    return p, int(diff[0]) if len(diff) else m

@@ -110,11 +110,10 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> tup
     return (table.select(columns) if columns is not None else table), torn
 
 
-_EOS = EOS
 
 
 def _ends_with_eos(data: pa.Buffer, end: int) -> bool:
-    return end >= 8 and data.slice(end - 8, 8).to_pybytes() == _EOS
+    return end >= 8 and data.slice(end - 8, 8).to_pybytes() == EOS
 
 
 @dataclass
@@ -236,12 +235,26 @@ def is_finished(path: str | os.PathLike) -> bool:
 # writing
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix(a, b) -> int:
+    """Length of the common prefix of two int arrays, or of two bytes-like objects (bytes,
+    memoryview: compared as bytes, without copies)."""
+    if not isinstance(a, np.ndarray):
+        a, b = np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)
     n = min(len(a), len(b))
     if n == 0:
         return 0
     neq = np.flatnonzero(a[:n] != b[:n])
     return int(neq[0]) if len(neq) else n
+
+
+def shared_ends(a: bytes, b: bytes) -> tuple[int, int]:
+    """(p, s): b shares its first p and its last s bytes with a, p + s <= min(len(a), len(b))."""
+    if a == b:  # (a memcmp) a harness retrying, or a loop resending the same request
+        return len(b), 0
+    x, y = np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)
+    p = common_prefix(x, y)
+    m = min(len(x), len(y)) - p  # the suffix may not overlap the prefix in either string
+    return p, common_prefix(x[len(x) - m:][::-1], y[len(y) - m:][::-1]) if m > 0 else 0
 
 
 def _utf8_start(b: bytes, i: int) -> int:
@@ -257,17 +270,8 @@ def request_delta(prev: bytes, new: bytes) -> tuple[int, int, bytes]:
     the middle is the new turns only."""
     if not prev:
         return 0, 0, new
-    if prev == new:  # (a memcmp) a harness retrying, or a loop resending the same request
-        return len(new), 0, b""
-    a = np.frombuffer(prev, dtype=np.uint8)
-    b = np.frombuffer(new, dtype=np.uint8)
-    n = min(len(a), len(b))
-    p = _common_prefix(a, b)
+    p, s = shared_ends(prev, new)
     p = _utf8_start(new, p)
-    # the suffix may not overlap the prefix in either string
-    m = n - p
-    ra, rb = a[len(a) - m :][::-1], b[len(b) - m :][::-1]
-    s = _common_prefix(ra, rb) if m > 0 else 0
     while s > 0 and (new[len(new) - s] & 0xC0) == 0x80:  # never start inside a character
         s -= 1
     return p, s, new[p : len(new) - s]
@@ -374,7 +378,7 @@ class EpisodeWriter:
             os.truncate(self.path, good_end)
         if open_stream:  # terminate the killed writer's stream so ours can follow it
             with open(self.path, "ab") as f:
-                f.write(_EOS)
+                f.write(EOS)
         ep = read_episode(self.path)
         if ep.finished:
             raise EpisodeFinished(f"episode {self.episode_id!r} has already ended ({self.path})")
@@ -488,7 +492,7 @@ class EpisodeWriter:
                 for r in reversed(self._recent):
                     if len(r.seq) <= n:  # cannot share more than the best so far
                         continue
-                    k = _common_prefix(r.seq, prompt)
+                    k = common_prefix(r.seq, prompt)
                     if k > n:
                         base, n = r.row, k
                         if n == len(prompt):  # the whole prompt: nothing can share more

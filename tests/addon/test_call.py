@@ -1,8 +1,14 @@
 import json
 
 import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from addon import call as calls
+from addon import jsonhead
 from addon.call import add_fields, log_request_text
+from addon.dialects import REQUEST_KEYS, plan_request
 from addon.redact import redact_headers
 
 
@@ -63,12 +69,6 @@ def test_translator_notes_from_finish_reach_the_row():
 
 # -- the request's top-level fields read without building the body (addon/jsonhead.py) ----------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from addon import call as calls  # noqa: E402
-from addon import jsonhead  # noqa: E402
-from addon.dialects import REQUEST_KEYS, plan_request  # noqa: E402
 
 _KEYS = [*REQUEST_KEYS, "model", "top_logprobs", "messages", "tools"]
 _values = st.recursive(st.none() | st.booleans() | st.integers(-3, 5) | st.text(max_size=4)
@@ -118,7 +118,6 @@ def _prepared(raw, api, dialect, fast, monkeypatch):
        st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
 def test_top_level_read_rewrites_exactly_as_the_full_parse(body, api, dialect, seps, dup):
     """Same bytes upstream, same plan, model, log text and errors with and without simdjson."""
-    import pytest
     raw = json.dumps(body, separators=seps).encode()
     if dup and body:  # a repeated key: servers read the last one
         k = next(iter(body))

@@ -7,8 +7,10 @@ from array import array
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from addon.idlists import PromptCache
+from addon.idlists import PromptCache, parse_ids
 
 
 def vllm_answer(prompt: list[int], spaced: bool = False) -> bytes:
@@ -114,9 +116,6 @@ def test_finish_body_with_cache_logs_the_same_ids(api, dialect):
     assert cache.hits == len(prompt)
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 _small = st.lists(st.integers(0, 200), max_size=40)
 
 
@@ -131,9 +130,6 @@ def test_any_sequence_of_lists_matches_orjson(steps, base_len):
         prompt = prompt[: max(0, len(prompt) - keep_tail_cut)] + extra
         raw = vllm_answer(prompt)
         assert plain(cache.loads("e", raw)) == orjson.loads(raw)
-
-
-from addon.idlists import parse_ids  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)
