@@ -28,6 +28,7 @@ the first model (vLLM answers ``"vllm"``, SGLang ``"sglang"``); see ``dialect_fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 DIALECTS = ("vllm", "sglang")
@@ -51,6 +52,12 @@ class Plan:
     @property
     def added_logprobs(self) -> bool:
         return not self.harness_logprobs
+
+    @cached_property
+    def strip_setup(self) -> tuple:
+        """What strip_response does for this plan, worked out once (it runs per stream chunk;
+        a plan is not changed once made)."""
+        return _strip_setup(self)
 
 
 def _wants_logprobs(api: str, body: dict) -> bool:
@@ -170,25 +177,18 @@ def _empty_chunk(obj: dict) -> bool:
 
 
 def _strip_setup(plan: Plan) -> tuple:
-    """What strip_response does for this plan, worked out once per plan (it runs per stream chunk)."""
     top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
     if "return_token_ids" in plan.harness_flags:  # the harness asked for the ids itself: keep them
         top, keys = (), ()
     sgl_chat = plan.dialect == "sglang" and plan.api == "chat"
-    setup = (plan.dialect, plan.api, plan.stream, plan.harness_flags, plan.harness_logprobs,
-             top, keys, how, plan.added_logprobs, sgl_chat and plan.stream, sgl_chat and not plan.stream,
-             plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs)
-    plan.__dict__["_strip"] = setup
-    return setup
+    return (top, keys, how, plan.added_logprobs, sgl_chat and plan.stream, sgl_chat and not plan.stream,
+            plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs)
 
 
 def strip_response(plan: Plan, obj: dict) -> bool | None:
     """Remove the added fields from one response object (a stream chunk or a whole body).
     Returns True (changed), False (unchanged) or None (drop this stream event entirely)."""
-    setup = plan.__dict__.get("_strip")
-    if setup is None or setup[:5] != (plan.dialect, plan.api, plan.stream, plan.harness_flags, plan.harness_logprobs):
-        setup = _strip_setup(plan)  # (recomputed if the plan was changed after its first use)
-    top, keys, how, added_lp, sgl_stream, sgl_whole, vllm_chat_stream = setup[5:]
+    top, keys, how, added_lp, sgl_stream, sgl_whole, vllm_chat_stream = plan.strip_setup
     changed = False
     for k in top:
         changed |= _undo(obj, k, how)
