@@ -27,6 +27,7 @@ from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.dispatch import FastDispatch
 from addon.tuning import Tuning
 from polar_recon.logfile import warm_up
 
@@ -360,4 +361,4 @@ class PolarAddon:
             self.episodes.close_all()
 
 
-addons = [PolarAddon(), Tuning()]
+addons = [PolarAddon(), Tuning(), FastDispatch()]
