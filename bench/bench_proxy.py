@@ -1,5 +1,7 @@
 """What the capture addon costs: direct vs bare mitmdump (streaming on) vs mitmdump + polar addon,
-side by side in one run, requests interleaved across the three paths.
+side by side in one run, requests interleaved across the paths. A fourth path, bare mitmdump with
+only the addon's fast event dispatch (addon/dispatch.py), separates the addon's own cost from
+what that dispatch saves every flow.
 
     .venv/bin/python bench/bench_proxy.py            # default run, about 2 minutes
     .venv/bin/python bench/bench_proxy.py --quick    # smaller counts, for a smoke check
@@ -216,6 +218,7 @@ async def run(args, paths, procs, logdir):
         c1 = {k: cpu(p) for k, p in procs.items()}
         res["nonstream"] = {k: dict(p50=pct(v[0], 50) * 1e3, p99=pct(v[0], 99) * 1e3, errors=v[2]) for k, v in r.items()}
         res["paired_nonstream_ms"] = {k: paired_ms(r, k, "bare+stream", 0) for k in r if k != "bare+stream"}
+        res["own_nonstream_ms"] = paired_ms(r, "polar", "bare+dispatch", 0)  # the addon's own share
         res["cpu_nonstream_ms"] = {k: (c1[k] - c0[k]) / args.n * 1e3 for k in procs}
         c0 = {k: cpu(p) for k, p in procs.items()}
         r = await sequential(paths, stream, True, args.n_stream, s)
@@ -223,6 +226,7 @@ async def run(args, paths, procs, logdir):
         res["stream"] = {k: dict(ttfc_p50=pct(v[1], 50) * 1e3, ttfc_p99=pct(v[1], 99) * 1e3, total_p50=pct(v[0], 50) * 1e3,
                                  errors=v[2]) for k, v in r.items()}
         res["paired_ttfc_ms"] = {k: paired_ms(r, k, "bare+stream", 1) for k in r if k != "bare+stream"}
+        res["own_ttfc_ms"] = paired_ms(r, "polar", "bare+dispatch", 1)
         res["cpu_stream_ms"] = {k: (c1[k] - c0[k]) / args.n_stream * 1e3 for k in procs}
     # non-streaming under load (a rollout node's many episodes): the proxy saturates its one core,
     # so CPU per call is what a call costs, without the idle wake-ups of the sequential phase
@@ -282,7 +286,7 @@ def report(res, growing, args):
     line("proxy CPU/call 256 streams", [res["c256"][k]["cpu_per_call_ms"] for k in paths])
     line("peak RSS 64 streams MiB", [res["c64"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
     line("peak RSS 256 streams MiB", [res["c256"][k]["peak_rss_mib"] or None for k in paths], "{:.0f}")
-    b, a = "bare+stream", "polar"
+    b, a, f = "bare+stream", "polar", "bare+dispatch"
     print("\naddon vs bare mitmdump (streaming on):")
     print(f"  added non-stream p50 {ns[a]['p50'] - ns[b]['p50']:+.2f} ms (target <= 1), "
           f"p99 {ns[a]['p99'] - ns[b]['p99']:+.2f} ms; median of paired differences "
@@ -294,6 +298,11 @@ def report(res, growing, args):
     print(f"  addon proxy CPU per 80 KB non-stream call {res['cpu_nonstream_ms'][a]:.2f} ms one call at a time, "
           f"{res['ns16'][a]['cpu_per_call_ms']:.2f} ms under load (16 clients; bare {res['ns16'][b]['cpu_per_call_ms']:.2f}) "
           f"(target <= 2.5)")
+    print(f"  the addon's own share (vs bare mitmdump with the same fast dispatch): non-stream p50 "
+          f"{res['own_nonstream_ms']:+.2f} ms paired, first chunk {res['own_ttfc_ms']:+.2f} ms paired, "
+          f"CPU per non-stream call "
+          f"{res['cpu_nonstream_ms'][a] - res['cpu_nonstream_ms'][f]:+.2f} ms one at a time, "
+          f"{res['ns16'][a]['cpu_per_call_ms'] - res['ns16'][f]['cpu_per_call_ms']:+.2f} ms under load")
     print(f"  peak RSS at 64 streams {res['c64'][a]['peak_rss_mib']:.0f} MiB (target <= 300); "
           f"256 streams errors {res['c256'][a]['errors']} (target 0)")
     if "baseline" in ns:
@@ -335,10 +344,13 @@ def main(argv=None):
         be = stack.enter_context(fake_backend(work, "vllm", chunks=60, gap_ms=5, first_ms=20))
         bare = stack.enter_context(mitmdump(work, work / "unused", upstream=be.url, addon=False,
                                             sets={"scripts": str(REPO / "bench" / "stream_on.py")}))
+        fast = stack.enter_context(mitmdump(work, work / "unused", upstream=be.url, addon=False,
+                                            sets={"scripts": str(REPO / "bench" / "stream_on_fast_dispatch.py")}))
         polar = stack.enter_context(mitmdump(work, logdir, upstream=be.url, sets={"polar_dialect": "vllm"}))
         paths = {"direct": be.url + "/v1/chat/completions", "bare+stream": bare.url + "/v1/chat/completions",
-                 "polar": polar.url + "/v1/chat/completions"}
-        procs = {"bare+stream": psutil.Process(bare.pid), "polar": psutil.Process(polar.pid)}
+                 "bare+dispatch": fast.url + "/v1/chat/completions", "polar": polar.url + "/v1/chat/completions"}
+        procs = {"bare+stream": psutil.Process(bare.pid), "bare+dispatch": psutil.Process(fast.pid),
+                 "polar": psutil.Process(polar.pid)}
         if args.baseline:  # the addon of another checkout, side by side in the same run
             base = stack.enter_context(mitmdump(work, work / "baselogs", upstream=be.url, sets={"polar_dialect": "vllm"},
                                                 addon_repo=Path(args.baseline).resolve()))
