@@ -7,12 +7,13 @@ event. Each flow goes through four lifecycle events (requestheaders, request, re
 response), and after each one an ``update`` event to all addons again: ~0.2 ms of pure dispatch per
 event here, ~0.6 ms a call, more than the capture addon's own work. bench/bench_proxy.py.
 
-``install`` replaces ``trigger_event`` and ``trigger`` on one AddonManager *instance* with loops that
-do the same thing for addons without children, and hand addons with children (mitmproxy's script
-loader, and so the scripts themselves) to mitmproxy's own ``invoke_addon``, unchanged:
-- addons in chain order, each one's method looked up at every event (nothing is cached, so addons
-  added, removed or reloaded take effect as before);
-- an exception in one addon is logged through mitmproxy's ``safecall`` and the next addon runs;
+``install`` replaces ``trigger_event`` and ``trigger`` on one AddonManager *instance* with plain loops
+that do the same thing:
+- addons in chain order, each followed by its children depth first (mitmproxy's script loader,
+  its scripts, their ``addons`` lists), each one's method looked up at every event (nothing is
+  cached, so addons added, removed or reloaded take effect as before);
+- an exception in one addon is logged through mitmproxy's ``safecall`` and the next top-level
+  addon runs (the rest of the failing one's tree is skipped, as in mitmproxy);
   ``AddonHalt`` stops the event, ``OptionsError`` propagates;
 - awaitables returned by a hook are awaited (``trigger_event``); a coroutine function reached by
   the synchronous ``trigger`` is an error, as in mitmproxy.
@@ -37,11 +38,32 @@ def _not_callable(name: str, addon) -> exceptions.AddonManagerError:
     return exceptions.AddonManagerError(f"Addon handler {name} ({addon}) not callable")
 
 
+_DONE = object()
+
+
+def _next(a, stack: list | None):
+    """The addon after ``a`` in a depth-first walk of its top-level addon's tree (mitmproxy's
+    ``traverse``: children are read after the addon's own hook ran, lists as they are then);
+    ``(_DONE, None)`` at the end. ``stack`` holds the iterators of the lists being walked."""
+    if hasattr(a, "addons"):
+        it = iter(a.addons)
+        if stack is None:
+            stack = [it]
+        else:
+            stack.append(it)
+    while stack:
+        nxt = next(stack[-1], _DONE)
+        if nxt is not _DONE:
+            return nxt, stack
+        stack.pop()
+    return _DONE, None
+
+
 def install(manager) -> bool:
     """Use the fast dispatch on this AddonManager; False if it does not look like mitmproxy 11's."""
     if getattr(manager, _MARK, False):
         return True
-    if not all(hasattr(manager, a) for a in ("chain", "invoke_addon", "invoke_addon_sync", "trigger_event", "trigger")):
+    if not all(hasattr(manager, a) for a in ("chain", "trigger_event", "trigger")):
         return False
 
     async def trigger_event(event) -> None:
@@ -49,19 +71,17 @@ def install(manager) -> bool:
         args = event.args()
         for top in manager.chain:
             try:
-                if hasattr(top, "addons"):  # a tree: mitmproxy's own walk, unchanged
-                    with safecall():
-                        await manager.invoke_addon(top, event)
-                    continue
-                func = getattr(top, name, None)
-                if not func:
-                    continue
-                if callable(func):
-                    res = func(*args)
-                    if res is not None and inspect.isawaitable(res):
-                        await res
-                elif not isinstance(func, types.ModuleType):  # (a module named like a hook is skipped)
-                    raise _not_callable(name, top)
+                a, stack = top, None
+                while a is not _DONE:  # top, then its tree depth first, as mitmproxy's traverse()
+                    func = getattr(a, name, None)
+                    if func:
+                        if callable(func):
+                            res = func(*args)
+                            if res is not None and inspect.isawaitable(res):
+                                await res
+                        elif not isinstance(func, types.ModuleType):  # (a module named like a hook is skipped)
+                            raise _not_callable(name, a)
+                    a, stack = _next(a, stack)
             except exceptions.AddonHalt:
                 return
             except exceptions.OptionsError:
@@ -75,20 +95,18 @@ def install(manager) -> bool:
         args = event.args()
         for top in manager.chain:
             try:
-                if hasattr(top, "addons"):
-                    with safecall():
-                        manager.invoke_addon_sync(top, event)
-                    continue
-                func = getattr(top, name, None)
-                if not func:
-                    continue
-                if callable(func):
-                    if inspect.iscoroutinefunction(func):
-                        raise exceptions.AddonManagerError(
-                            f"Async handler {name} ({top}) cannot be called from sync context")
-                    func(*args)
-                elif not isinstance(func, types.ModuleType):
-                    raise _not_callable(name, top)
+                a, stack = top, None
+                while a is not _DONE:
+                    func = getattr(a, name, None)
+                    if func:
+                        if callable(func):
+                            if inspect.iscoroutinefunction(func):
+                                raise exceptions.AddonManagerError(
+                                    f"Async handler {name} ({a}) cannot be called from sync context")
+                            func(*args)
+                        elif not isinstance(func, types.ModuleType):
+                            raise _not_callable(name, a)
+                    a, stack = _next(a, stack)
             except exceptions.AddonHalt:
                 return
             except exceptions.OptionsError:

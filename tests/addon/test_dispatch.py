@@ -33,8 +33,9 @@ class Recorder(logging.Handler):
 
 
 def make_addon(spec, calls: list, depth=0):
-    """spec: (name, {event: behaviour}, children specs)."""
-    name, events, children = spec
+    """spec: (name, {event: behaviour}, children specs, as_module). ``as_module``: a module whose
+    hooks are module-level functions, as a script's namespace is under mitmproxy's script loader."""
+    name, events, children, as_module = spec
     ns = {"__repr__": lambda self: f"<{name}>"}
     for event, how in events.items():
         if how == "absent":
@@ -69,7 +70,13 @@ def make_addon(spec, calls: list, depth=0):
             ns[event] = 42
         elif how == "module":
             ns[event] = types.ModuleType(event)
-    addon = type(name, (), ns)()
+    if as_module:
+        addon = types.ModuleType(name)
+        for k, v in ns.items():
+            if k != "__repr__":
+                setattr(addon, k, v.__get__(addon) if callable(v) else v)  # (bound: called as f(flow))
+    else:
+        addon = type(name, (), ns)()
     if children is not None:
         addon.addons = [make_addon(c, calls, depth + 1) for c in children]
     return addon
@@ -81,7 +88,7 @@ EVENTS = ("request", "response", "update", "add_log")
 def specs(depth=0):
     behaviours = st.fixed_dictionaries({e: st.sampled_from(BEHAVIOURS) for e in EVENTS})
     children = st.none() if depth >= 2 else st.one_of(st.none(), st.lists(specs(depth + 1), max_size=3))
-    return st.tuples(st.from_regex(r"[A-Z][a-z]{2,6}", fullmatch=True), behaviours, children)
+    return st.tuples(st.from_regex(r"[A-Z][a-z]{2,6}", fullmatch=True), behaviours, children, st.booleans())
 
 
 def new_master() -> Master:
