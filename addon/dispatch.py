@@ -38,6 +38,14 @@ def _not_callable(name: str, addon) -> exceptions.AddonManagerError:
     return exceptions.AddonManagerError(f"Addon handler {name} ({addon}) not callable")
 
 
+def _log_addon_error() -> None:
+    """mitmproxy's error line for a failing addon (its ``safecall``), for the exception being
+    handled; the event goes on with the next top-level addon. (The two dispatch loops below are
+    the async and sync versions of one loop: Python cannot share a body across the two.)"""
+    with safecall():
+        raise
+
+
 _DONE = object()
 
 
@@ -87,8 +95,7 @@ def install(manager) -> bool:
             except exceptions.OptionsError:
                 raise
             except Exception:
-                with safecall():  # mitmproxy's error log line for a failing addon
-                    raise
+                _log_addon_error()
 
     def trigger(event) -> None:
         name = event.name
@@ -112,8 +119,7 @@ def install(manager) -> bool:
             except exceptions.OptionsError:
                 raise
             except Exception:
-                with safecall():
-                    raise
+                _log_addon_error()
 
     manager.trigger_event = trigger_event
     manager.trigger = trigger
