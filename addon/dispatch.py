@@ -18,8 +18,8 @@ that do the same thing:
 - awaitables returned by a hook are awaited (``trigger_event``); a coroutine function reached by
   the synchronous ``trigger`` is an error, as in mitmproxy.
 tests/addon/test_dispatch.py runs both dispatchers over the same addon chains and compares every
-call, error and log line. ``uninstall`` gives mitmproxy's methods back (option
-``polar_fast_dispatch=false``).
+call, error and log line. It installs only on mitmproxy 11.0.x, whose dispatch it reproduces.
+``uninstall`` gives mitmproxy's methods back (option ``polar_fast_dispatch=false``).
 """
 from __future__ import annotations
 
@@ -28,10 +28,14 @@ import logging
 import types
 
 from mitmproxy import ctx, exceptions
+from mitmproxy import version as mitmproxy_version
 from mitmproxy.addonmanager import safecall
 
 log = logging.getLogger("polar")
 _MARK = "_polar_fast_dispatch"
+# The mitmproxy whose dispatch these loops reproduce (setup.cfg pins it); another version may
+# dispatch differently, so it keeps its own.
+KNOWN_VERSION = "11.0."
 
 
 def _not_callable(name: str, addon) -> exceptions.AddonManagerError:
@@ -67,11 +71,13 @@ def _next(a, stack: list | None):
     return _DONE, None
 
 
-def install(manager) -> bool:
-    """Use the fast dispatch on this AddonManager; False if it does not look like mitmproxy 11's."""
+def install(manager, mitmproxy_at: str = mitmproxy_version.VERSION) -> bool:
+    """Use the fast dispatch on this AddonManager; False (nothing changed) unless this is the
+    mitmproxy it reproduces."""
     if getattr(manager, _MARK, False):
         return True
-    if not all(hasattr(manager, a) for a in ("chain", "trigger_event", "trigger")):
+    if not mitmproxy_at.startswith(KNOWN_VERSION) or \
+            not all(hasattr(manager, a) for a in ("chain", "trigger_event", "trigger")):
         return False
 
     async def trigger_event(event) -> None:
@@ -149,5 +155,5 @@ class FastDispatch:
         elif install(manager):
             log.info("polar: fast addon dispatch on")
         else:
-            log.warning("polar: this mitmproxy's AddonManager is not the one polar_fast_dispatch knows; "
-                        "using mitmproxy's own dispatch")
+            log.warning("polar: polar_fast_dispatch reproduces mitmproxy %sx's dispatch, this is %s; "
+                        "using mitmproxy's own", KNOWN_VERSION, mitmproxy_version.VERSION)

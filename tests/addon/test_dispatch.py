@@ -162,6 +162,8 @@ def test_the_chain_is_read_at_every_event_and_uninstall_restores_mitmproxys_meth
         await m.addons.handle_lifecycle(HttpRequestHook(tflow.tflow()))
         assert seen == ["A", "A", "A"]
         dispatch.uninstall(m.addons)
+        assert not dispatch.install(m.addons, mitmproxy_at="12.1.0")  # another mitmproxy keeps its own
+        assert "trigger_event" not in vars(m.addons)
         assert "trigger_event" not in vars(m.addons) and "trigger" not in vars(m.addons)
         assert m.addons.trigger_event.__func__ is type(m.addons).trigger_event
     asyncio.run(go())
