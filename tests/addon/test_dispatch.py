@@ -32,7 +32,7 @@ class Recorder(logging.Handler):
         self.lines.append((record.levelname, record.getMessage()))
 
 
-def make_addon(spec, calls: list, depth=0):
+def make_addon(spec, calls: list):
     """spec: (name, {event: behaviour}, children specs, as_module). ``as_module``: a module whose
     hooks are module-level functions, as a script's namespace is under mitmproxy's script loader."""
     name, events, children, as_module = spec
@@ -78,7 +78,7 @@ def make_addon(spec, calls: list, depth=0):
     else:
         addon = type(name, (), ns)()
     if children is not None:
-        addon.addons = [make_addon(c, calls, depth + 1) for c in children]
+        addon.addons = [make_addon(c, calls) for c in children]
     return addon
 
 
@@ -120,6 +120,8 @@ async def run_chain(chain_specs, fast: bool):
     return calls, rec.lines
 
 
+# (the synchronous trigger calls a hook that returns a coroutine and drops it, in mitmproxy too)
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @settings(max_examples=150, deadline=None)
 @given(st.lists(specs(), min_size=1, max_size=6))
 def test_fast_dispatch_makes_mitmproxys_calls_and_error_lines(chain):
