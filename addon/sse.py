@@ -58,6 +58,15 @@ def parse_event(raw: bytes) -> Event:
     return Event(raw, b"\n".join(data) if data else None, name, comments, newline)
 
 
+def _blank_line(buf: bytes, start: int, n: int) -> int:
+    """``buf.find(b"\\n\\n", start)`` by single-byte searches (memchr): CPython's two-byte find
+    steps through a 70 KB event of digits (vLLM's first chunk, the prompt ids) ~80x slower."""
+    p = buf.find(b"\n", start)
+    while p >= 0 and not (p + 1 < n and buf[p + 1] == 10):
+        p = buf.find(b"\n", p + 1)
+    return p
+
+
 class SSEParser:
     """feed(bytes) -> complete events; close() -> a trailing unterminated event, if any."""
 
@@ -77,7 +86,7 @@ class SSEParser:
             # event arriving in many reads is searched once, not from its start at every read
             scan = len(old) - 1 if old else 0
             while True:
-                end = buf.find(b"\n\n", scan)
+                end = _blank_line(buf, scan, n)
                 if end < 0:
                     break
                 raw = buf[pos : end + 2]
