@@ -41,7 +41,9 @@ def json_style(raw: bytes) -> tuple[str, str, bool]:
     m = _FIRST_SEP.match(raw)
     kv = ":" + (m.group(2).decode() if m else "")
     spaced = m is not None and m.group(2) == b" "
-    return (", " if spaced else ",", kv, raw.isascii() and _HIGH_ESCAPE.search(raw) is not None)
+    # (most events hold no escape at all: the substring test spares the regex scan)
+    return (", " if spaced else ",", kv,
+            raw.isascii() and b"\\u" in raw and _HIGH_ESCAPE.search(raw) is not None)
 
 
 def dumps_like(raw: bytes) -> Callable[[Any], bytes]:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from addon import chat, completions
-from addon.capture import CallCapture
+from addon.capture import CallCapture, dumps_like
 from addon.dialects import plan_request, strip_response
 from addon.stream import StreamFilter
 
@@ -212,3 +212,14 @@ def test_n_choices_get_one_row_each():
     rows = cap.rows()
     assert [r["completion_ids"].tolist() for r in rows] == [[2], [3]]
     assert [r["choice"] for r in rows] == [0, 1]
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(max_size=5), st.one_of(st.text(), st.integers(), st.booleans(), st.none(),
+                                                       st.lists(st.text(max_size=8), max_size=3)), min_size=1, max_size=4),
+       st.booleans(), st.booleans())
+def test_dumps_like_reproduces_the_servers_bytes(obj, ensure_ascii, spaced):
+    """capture.json_style / dumps_like: an event re-serialized "like" the server's bytes is those
+    bytes again, whichever separators and escaping the server used."""
+    raw = json.dumps(obj, ensure_ascii=ensure_ascii, separators=(", ", ": ") if spaced else (",", ":")).encode()
+    assert dumps_like(raw)(json.loads(raw)) == raw
