@@ -25,7 +25,9 @@ def dumps_like_python(obj: Any) -> bytes:
 
 
 _FIRST_SEP = re.compile(rb'\A\s*[\[{]\s*"(?:[^"\\]|\\.)*"(\s*):(\s*)')
-_HIGH_ESCAPE = re.compile(rb"\\u(?:00[89a-fA-F]|0[1-9a-fA-F]|[1-9a-fA-F])")
+# An escape that only ensure_ascii=True writes: a character past ASCII, or DEL (0x7f; control
+# characters below 0x20 are escaped either way, so they say nothing)
+_HIGH_ESCAPE = re.compile(rb"\\u(?:007[fF]|00[89a-fA-F]|0[1-9a-fA-F]|[1-9a-fA-F])")
 _DUMPERS: dict[tuple[str, str, bool], Callable[[Any], bytes]] = {}
 COMPACT_UTF8 = (",", ":", False)
 
