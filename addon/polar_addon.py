@@ -23,11 +23,11 @@ from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
+from addon.dispatch import FastDispatch
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
-from addon.dispatch import FastDispatch
 from addon.tuning import Tuning
 from polar_recon.logfile import warm_up
 

@@ -1,7 +1,7 @@
 """The incremental SSE parser: any chunking gives the same events with the same raw bytes."""
 from hypothesis import given, settings, strategies as st
 
-from addon.sse import SSEParser, parse_event
+from addon.sse import SSEParser, _blank_line, parse_event
 
 STREAM = (
     b": keep-alive\n\n"
@@ -89,6 +89,4 @@ def test_big_event_in_many_reads_and_one_line_fast_path():
 @given(st.binary(max_size=64).map(lambda b: b.replace(b"\r", b"")) | st.lists(st.sampled_from([b"a", b"\n", b"1,", b"\n\n"]), max_size=40).map(b"".join),
        st.integers(min_value=0, max_value=70))
 def test_blank_line_search_is_bytes_find(buf, start):
-    from addon.sse import _blank_line
-
     assert _blank_line(buf, start, len(buf)) == buf.find(b"\n\n", start)
