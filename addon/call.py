@@ -127,7 +127,7 @@ class Call:
         return API_MODULES[self.api]
 
 
-_HEAD_KEYS = (*REQUEST_KEYS, "model")
+_HEAD_KEYS = frozenset((*REQUEST_KEYS, "model"))
 
 
 def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:

@@ -69,14 +69,13 @@ def request_head(raw: bytes, keys: Iterable[str]) -> tuple[dict[str, Any], int] 
     try:
         if not isinstance(doc, _simdjson.Object):
             return None
-        n = len(doc)
-        if len(set(doc.keys())) != n:  # a repeated key: simdjson reads the first, servers the last
+        # one pass over the names: `key in doc` walks the object again for every key asked
+        # (~3 us each past an 80 KB messages array), so only the keys present are looked up
+        names = list(doc.keys())
+        if len(set(names)) != len(names):  # a repeated key: simdjson reads the first, servers the last
             return None
-        fields = {}
-        for k in keys:
-            if k in doc:
-                fields[k] = _plain(doc[k])
-        return fields, n
+        wanted = keys if isinstance(keys, (set, frozenset)) else frozenset(keys)
+        return {k: _plain(doc[k]) for k in names if k in wanted}, len(names)
     finally:
         del doc
 
