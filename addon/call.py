@@ -292,8 +292,8 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
     out = []
     for r in call.cap.rows():
         missing = r.pop("missing")
-        errs = errors + ([missing] if missing else [])
-        out.append(dict(base, **r, weight_version=version, error="; ".join(scrub(e) for e in errs) or None,
+        errs = errors + ([scrub(missing)] if missing else [])  # (errors are scrubbed already)
+        out.append(dict(base, **r, weight_version=version, error="; ".join(errs) or None,
                         notes=(notes + [scrub(n) for n in call.cap.notes]) or None))
     call.cap.free()
     return out

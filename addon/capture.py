@@ -43,9 +43,9 @@ def json_style(raw: bytes) -> tuple[str, str, bool]:
     m = _FIRST_SEP.match(raw)
     kv = ":" + (m.group(2).decode() if m else "")
     spaced = m is not None and m.group(2) == b" "
-    # (most events hold no escape at all: the substring test spares the regex scan)
-    return (", " if spaced else ",", kv,
-            raw.isascii() and b"\\u" in raw and _HIGH_ESCAPE.search(raw) is not None)
+    # (no substring pre-test: `b"\\u" in raw`, a two-byte find, is slower than this regex's
+    # literal-prefix scan on a typical 300-byte event, 0.55 vs 0.33 us)
+    return (", " if spaced else ",", kv, raw.isascii() and _HIGH_ESCAPE.search(raw) is not None)
 
 
 def dumps_like(raw: bytes) -> Callable[[Any], bytes]:

@@ -110,8 +110,6 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> tup
     return (table.select(columns) if columns is not None else table), torn
 
 
-
-
 def _ends_with_eos(data: pa.Buffer, end: int) -> bool:
     return end >= 8 and data.slice(end - 8, 8).to_pybytes() == EOS
 
