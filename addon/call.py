@@ -112,7 +112,7 @@ class Call:
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
     secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
-    prepared_request: Any = None  # logfile.PreparedRequest, computed while the server works
+    prepared_request: Any = None  # logwriter.PreparedRequest, computed while the server works
     # Parsed answers and the id lists removed from them: freeing 20k Python ints costs ~0.2 ms,
     # so they are dropped after the harness has its answer (drop_trash), not on its path.
     trash: list[Any] = field(default_factory=list)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_recon.logfile import EpisodeFinished, EpisodeWriter, episode_path
+from polar_recon.episode_ids import episode_path
+from polar_recon.logwriter import EpisodeFinished, EpisodeWriter
 
 # Recent call sequences a writer keeps to compress the next prompt against: agent loops extend
 # the previous call, so a few suffice, and each can be ~100 KB of ids.

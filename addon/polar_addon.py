@@ -29,7 +29,7 @@ from addon.idlists import PromptCache
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 from addon.tuning import Tuning
-from polar_recon.logfile import warm_up
+from polar_recon.logwriter import warm_up
 
 try:
     from addon.translate import TranslationError, translator_for

@@ -7,7 +7,7 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-from polar_recon.logfile import shared_ends
+from polar_recon.prefix import shared_ends
 
 REDACTED = "[redacted]"
 

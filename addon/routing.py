@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from polar_recon.logfile import EPISODE_ID_RE
+from polar_recon.episode_ids import validate_episode_id
 
 EPISODE_HEADER = "x-polar-episode"
 PREFIX = "/polar/"
@@ -36,13 +36,10 @@ class Route:
 
 
 def check_episode_id(episode_id: str, source: str) -> str:
-    if not EPISODE_ID_RE.match(episode_id) or episode_id in (".", ".."):
-        shown = episode_id if len(episode_id) <= 80 else episode_id[:80] + "..."
-        raise RouteError(
-            f"invalid episode id {shown!r} (from {source}): it must match [A-Za-z0-9._-]{{1,128}}"
-            " and not be '.' or '..'"
-        )
-    return episode_id
+    try:
+        return validate_episode_id(episode_id, source)
+    except ValueError as exc:
+        raise RouteError(str(exc)) from None
 
 
 def route(method: str, path: str, headers: Mapping[str, str], default_episode: str) -> Route:

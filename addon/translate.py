@@ -36,3 +36,13 @@ def translator_for(method: str, path: str, *, normalize: bool = True):
     route = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     cls = _ROUTES.get(route)
     return cls(normalize=normalize) if cls else None
+
+
+def responses_to_chat(body: dict) -> dict:
+    """A Responses request as the chat request the proxy sends upstream (entry point for recon)."""
+    return translator_for("POST", "/v1/responses").request_to_chat(body, {})
+
+
+def messages_to_chat(body: dict) -> dict:
+    """A Messages request as the chat request the proxy sends upstream (entry point for recon)."""
+    return translator_for("POST", "/v1/messages").request_to_chat(body, {})

@@ -70,7 +70,7 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def measure(out: Path, logdir: Path) -> dict:
-    from polar_recon.logfile import read_episode
+    from polar_recon.logreader import read_episode
     recs = [json.loads(x) for x in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
     start = min(r["phases"]["prewarm"][0] for r in recs)
     end = max(r["finished_at"] for r in recs)

@@ -35,7 +35,7 @@ def step(msg: str) -> None:
 
 
 def tiny_model() -> Path:
-    from trainer.serve.tiny import ensure_tiny
+    from polar_serve.tiny import ensure_tiny
 
     return ensure_tiny(TINY, seed=0)
 

@@ -210,7 +210,7 @@ class Pipeline:
         """Check the capture log is complete before it is counted as ready for reconstruction."""
         if self.logdir is None:
             return
-        from polar_recon.logfile import LogError, read_episode
+        from polar_recon.logreader import LogError, read_episode
         path = self.logdir / f"{job.eid}.arrow"
         deadline = time.monotonic() + self.log_wait
         while True:

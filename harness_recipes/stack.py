@@ -66,7 +66,7 @@ def _bin(name: str) -> str:
 def serve(model_dir: Path, script: Path | None = None, dialect: str = "vllm", model_name: str = "polar-model",
           timeout: float = 180.0, echo=None):
     """polar-serve (CPU, scripted when `script` is given) on a free loopback port."""
-    cmd = [sys.executable, "-m", "trainer.serve.cli", "--model", str(model_dir), "--dialect", dialect,
+    cmd = [sys.executable, "-m", "polar_serve.cli", "--model", str(model_dir), "--dialect", dialect,
            "--host", "127.0.0.1", "--port", "0", "--served-model-name", model_name]
     if script is not None:
         cmd += ["--script", str(script)]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from .episodes import EpisodeHead, list_logs, read_calls, read_head
 from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .logfile import LogError
+from .logtable import LogError
 from .shards import GroupRows, Manifest, ShardWriter
 from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
 

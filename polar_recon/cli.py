@@ -10,7 +10,7 @@ import click
 from .build import Options, Report, RewardsError, build as build_shards, load_rewards, watch as watch_shards
 from .episodes import read_calls
 from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .logfile import LogError
+from .logtable import LogError
 from .shards import ManifestError
 from .strategies import STRATEGIES
 

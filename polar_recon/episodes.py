@@ -1,6 +1,6 @@
 """Loading one episode log as numpy arrays: the reconstruction hot path.
 
-`read_episode` (logfile.py) returns full prompts as Python lists inside a polars frame, which is
+`read_episode` (logreader.py) returns full prompts as Python lists inside a polars frame, which is
 right for people and costs O(turns^2) Python objects per episode. Reconstruction only needs numpy
 views, so this module decodes the same file (same batch reader, same prefix compression) straight
 into int32 arrays. A test checks that both readers agree on every prompt.
@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import logfile
-from .logfile import LogError, full_requests, read_table
+from .episode_ids import episode_id_of, is_log_file
+from .logtable import LogError, full_requests, read_table, unpack
 from .logschema import KIND_CALL, KIND_END, SCHEMA
 
 # Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).
@@ -88,15 +88,11 @@ class EpisodeHead:
     mtime: float
 
 
-def episode_id_of(path: Path) -> str:
-    return path.name[: -len(".arrow")] if path.name.endswith(".arrow") else path.stem
-
-
 def list_logs(logdir: str | os.PathLike) -> list[Path]:
     d = Path(logdir)
     if not d.is_dir():
         raise LogError(f"{d}: not a directory")
-    return sorted(p for p in d.iterdir() if p.name.endswith(".arrow") and p.is_file())
+    return sorted(p for p in d.iterdir() if is_log_file(p))
 
 
 def _end_record(table: pa.Table, path: Path) -> tuple[bool, float | None, dict[str, Any]]:
@@ -185,12 +181,12 @@ def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
 
 def _prompt_tails(calls_t: pa.Table) -> list[np.ndarray | None]:
     """The stored prompt tails as int32 arrays, whichever layout the log schema uses: a list
-    column, or packed (length + zstd frame, decoded by logfile.unpack) little-endian int32."""
+    column, or packed (length + zstd frame, decoded by logtable.unpack) little-endian int32."""
     names = calls_t.schema.names
     if "prompt_tail_ids" in names:
         return _list_column(calls_t.column("prompt_tail_ids"), np.int32)
     if "prompt_tail_zstd" in names:
-        return [None if b is None else np.frombuffer(logfile.unpack(b), dtype="<i4").astype(np.int32, copy=False)
+        return [None if b is None else np.frombuffer(unpack(b), dtype="<i4").astype(np.int32, copy=False)
                 for b in calls_t.column("prompt_tail_zstd").to_pylist()]
     raise LogError(f"log schema has no prompt tail column (columns: {names})")
 

@@ -24,12 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .assets import QWEN3_TOKENIZER
 from .episodes import Call
+from .prefix import common_prefix
 
 CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
 AUX, ERROR, RETRY = "AUX", "ERROR", "RETRY"
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "qwen3"
+DEFAULT_TOKENIZER = QWEN3_TOKENIZER
 
 
 @dataclass(frozen=True)
@@ -68,19 +70,6 @@ class TurnMarkers:
 
 # ---------------------------------------------------------------------------------------------
 # alignment of one prompt against one candidate parent sequence
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix; compares in growing chunks so an early mismatch is cheap."""
-    n = min(len(a), len(b))
-    pos, step = 0, 512
-    while pos < n:
-        end = min(n, pos + step)
-        neq = np.flatnonzero(a[pos:end] != b[pos:end])
-        if len(neq):
-            return pos + int(neq[0])
-        pos, step = end, step * 4
-    return n
 
 
 def _first(seq: np.ndarray, token: int, start: int) -> int | None:

@@ -13,8 +13,9 @@ import numpy as np
 import polars as pl
 
 from .episodes import Episode, list_logs, read_calls
-from .link import CLEAN, REALIGN, TurnMarkers, common_prefix, link_calls, segments
-from .logfile import LogError
+from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
+from .prefix import common_prefix
+from .logtable import LogError
 from .shards import MANIFEST, list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .chat_render import RequestError, render_rules, render_text
 from .episodes import Call, Episode
 from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, Node, TurnMarkers, link_calls, segments
 
@@ -134,24 +136,12 @@ class Retokenizer:
         self.end_text = "<|im_end|>"
 
     def render(self, request: dict[str, Any], dialect: str | None = "vllm") -> str:
-        """The chat request rendered as the server renders it: polar-serve's render module follows
-        vLLM / SGLang exactly (content parts joined, arguments decoded, tools dumped); without it,
-        a close approximation."""
+        """The chat request rendered as the server renders it (chat_render: content parts joined,
+        arguments decoded, tools dumped, per server)."""
         try:
-            from trainer.serve.render import RequestError, template_kwargs, template_messages, template_tools
-        except ImportError:
-            messages = _parsed_arguments(chat_messages(request))
-            kwargs = dict(request.get("chat_template_kwargs") or {})
-            return self.tok.apply_chat_template(messages, tools=chat_tools(request), tokenize=False,
-                                                add_generation_prompt=True, **kwargs)
-        dialect = dialect if dialect in ("vllm", "sglang") else "vllm"
-        try:
-            msgs = template_messages(request.get("messages"), dialect)
-            tools = template_tools(request.get("tools"), request.get("tool_choice", "auto"), dialect)
-            kw = template_kwargs(request)
-        except RequestError as exc:
+            return render_text(self.tok, request, render_rules(dialect))
+        except (RequestError, ValueError) as exc:
             raise ReconError(f"request cannot be rendered: {exc}") from exc
-        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
 
     def sequence(self, text: str, sampled_turns: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokenize `text`; mask 1 on assistant turn bodies; logprobs by position in each turn,
@@ -172,26 +162,6 @@ class Retokenizer:
                 n = min(len(sel), len(lp))
                 lps[sel[:n]] = lp[:n]
         return ids, mask, lps
-
-
-def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool-call argument strings parsed into objects, as vLLM does before templating."""
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            m = dict(m)
-            calls = []
-            for c in m["tool_calls"]:
-                fn = c.get("function") or {}
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        c = {**c, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
-                    except json.JSONDecodeError:
-                        pass
-                calls.append(c)
-            m["tool_calls"] = calls
-        out.append(m)
-    return out
 
 
 def _assistant_spans(text: str, head: str, end: str) -> list[tuple[int, int]]:
@@ -233,122 +203,24 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
 
 
 # ---------------------------------------------------------------------------------------------
-# request bodies of the four APIs as chat messages (what the template renders)
+# Responses / Messages requests as the chat request the proxy sent upstream
+
+
+TRANSLATORS_GROUP = "polar.request_to_chat"
 
 
 def as_chat_request(request: dict[str, Any], api: str | None) -> dict[str, Any]:
-    """The chat-completions body the server rendered: Responses and Messages requests go through
-    the capture addon's own translator (what the proxy sent upstream); when the addon is not
-    importable, through the small translation below."""
+    """The chat-completions body the server rendered. Responses and Messages requests go through
+    the capture addon's own translators, found as entry points (group `polar.request_to_chat`,
+    one per api) so that reconstruction renders exactly what the proxy sent without importing
+    the addon (imports run one way: polar_recon is the base)."""
     if api not in ("responses", "messages"):
         return request
+    found = [ep for ep in entry_points(group=TRANSLATORS_GROUP) if ep.name == api]
+    if not found:
+        raise ReconError(f"no translator for {api!r} requests is installed (entry point group "
+                         f"{TRANSLATORS_GROUP!r}; the polar package provides it)")
     try:
-        from addon.translate import translator_for
-    except ImportError:
-        return {"messages": chat_messages(request), "tools": chat_tools(request)}
-    try:
-        return translator_for("POST", f"/v1/{api}").request_to_chat(request, {})
+        return found[0].load()(request)
     except ValueError as exc:
         raise ReconError(f"{api} request cannot be translated to chat: {exc}") from exc
-
-
-def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    if "messages" in request and "system" not in request and not _is_anthropic(request):
-        return [dict(m) for m in request["messages"]]
-    if "messages" in request:
-        return _anthropic_messages(request)
-    if "input" in request:
-        return _responses_messages(request)
-    if "prompt" in request:
-        raise ReconError("a completions request has no conversation to render (prompt text only)")
-    raise ReconError("request has neither messages nor input")
-
-
-def _is_anthropic(request: dict[str, Any]) -> bool:
-    for m in request.get("messages", []):
-        c = m.get("content")
-        if isinstance(c, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result", "thinking") for b in c):
-            return True
-    return False
-
-
-def _text(blocks: Any) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    return "".join(b.get("text", "") for b in blocks or [] if isinstance(b, dict) and b.get("type") in ("text", "input_text", "output_text"))
-
-
-def _anthropic_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    system = request.get("system")
-    if system:
-        out.append({"role": "system", "content": _text(system)})
-    for msg in request["messages"]:
-        content = msg.get("content")
-        if isinstance(content, str):
-            out.append({"role": msg["role"], "content": content})
-            continue
-        if msg["role"] == "assistant":
-            calls = [{"type": "function", "id": b.get("id"), "function": {"name": b["name"], "arguments": b.get("input", {})}}
-                     for b in content if b.get("type") == "tool_use"]
-            thinking = "".join(b.get("thinking", "") for b in content if b.get("type") == "thinking")
-            m: dict[str, Any] = {"role": "assistant", "content": _text(content)}
-            if thinking:
-                m["reasoning_content"] = thinking
-            if calls:
-                m["tool_calls"] = calls
-            out.append(m)
-            continue
-        for b in content:
-            if b.get("type") == "tool_result":
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _text(b.get("content"))})
-        text = _text(content)
-        if text:
-            out.append({"role": msg["role"], "content": text})
-    return out
-
-
-def _responses_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if request.get("instructions"):
-        out.append({"role": "system", "content": request["instructions"]})
-    items = request["input"]
-    if isinstance(items, str):
-        return out + [{"role": "user", "content": items}]
-    for it in items:
-        t = it.get("type", "message")
-        if t == "message":
-            role = "system" if it.get("role") == "developer" else it.get("role", "user")
-            if role == "assistant" and out and out[-1]["role"] == "assistant" and not out[-1]["content"] \
-                    and not out[-1].get("tool_calls"):  # the reasoning item's turn
-                out[-1]["content"] = _text(it.get("content"))
-                continue
-            out.append({"role": role, "content": _text(it.get("content"))})
-        elif t == "function_call":
-            call = {"type": "function", "id": it.get("call_id"), "function": {"name": it["name"], "arguments": it.get("arguments", "{}")}}
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif t == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": it.get("call_id"), "content": it.get("output", "")})
-        elif t == "reasoning":
-            summary = "".join(s.get("text", "") for s in it.get("summary") or [])
-            out.append({"role": "assistant", "content": "", "reasoning_content": summary})
-    return out
-
-
-def chat_tools(request: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Tools as the chat template expects them (chat format passes through; others translated)."""
-    tools = request.get("tools")
-    if not tools:
-        return None
-    out = []
-    for t in tools:
-        if "function" in t:
-            out.append(t)
-        elif "input_schema" in t:  # anthropic
-            out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}})
-        elif t.get("type") == "function":  # responses
-            out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
-    return out or None

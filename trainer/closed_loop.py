@@ -136,7 +136,7 @@ def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int
     logdir.mkdir(parents=True, exist_ok=True)
     sp, pp = free_port(), free_port()
     serve_url, proxy_url = f"http://127.0.0.1:{sp}", f"http://127.0.0.1:{pp}"
-    serve_cmd = [sys.executable, "-m", "trainer.serve.cli", "--model", str(model_dir), "--dialect", dialect,
+    serve_cmd = [sys.executable, "-m", "polar_serve.cli", "--model", str(model_dir), "--dialect", dialect,
                  "--host", "127.0.0.1", "--port", str(sp), "--weight-version", "0", "--threads", "1"]
     proxy_cmd = [str(VENV_BIN / "mitmdump"), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(pp),
                  "--set", f"confdir={work / 'mitmconf'}", "--mode", f"reverse:{serve_url}",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-GREEDY_BELOW = 1e-5  # the servers' own threshold (trainer/serve/model.py, vLLM's _SAMPLING_EPS)
+GREEDY_BELOW = 1e-5  # the servers' own threshold (polar_serve/model.py, vLLM's _SAMPLING_EPS)
 TOLERANCE = 1e-6
 
 

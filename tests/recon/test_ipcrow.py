@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar_recon import logfile
+from polar_recon import logwriter
 from polar_recon.ipcrow import EOS, RowEncoder, schema_message
-from polar_recon.logfile import EpisodeWriter, read_batches, read_log
+from polar_recon.logreader import read_log
+from polar_recon.logtable import read_batches
+from polar_recon.logwriter import EpisodeWriter
 from polar_recon.logschema import SCHEMA
 
 ENC = RowEncoder(SCHEMA)
@@ -113,10 +115,10 @@ def test_failed_write_is_cut_off_and_later_rows_stay_readable(tmp_path, monkeypa
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(logfile.os, "write", half_then_fail)
+    monkeypatch.setattr(logwriter.os, "write", half_then_fail)
     with pytest.raises(OSError):
         w.append_call(call_index=1, prompt_ids=[1, 2, 3, 4, 5], completion_ids=[6], completion_logprobs=[-0.2], status=200)
-    monkeypatch.setattr(logfile.os, "write", real_write)
+    monkeypatch.setattr(logwriter.os, "write", real_write)
     w.append_call(call_index=2, prompt_ids=[1, 2, 3, 4, 5, 6, 7], completion_ids=[8], completion_logprobs=[-0.3], status=200)
     _, _, torn, _ = read_batches(path)
     assert not torn

@@ -6,7 +6,8 @@ import pytest
 
 from polar_recon import EpisodeWriter
 from polar_recon.episodes import read_calls
-from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, TurnMarkers, common_prefix, link_calls, segments
+from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, TurnMarkers, link_calls, segments
+from polar_recon.prefix import common_prefix
 from polar_recon.strategies import per_call_sequences, token_sequences
 
 from . import logs as L

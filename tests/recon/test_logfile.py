@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from polar_recon import EpisodeWriter, LogError, read_episode, read_log
-from polar_recon.logfile import EpisodeFinished, episode_path
+from polar_recon.episode_ids import episode_path
+from polar_recon.logwriter import EpisodeFinished
 
 
 def _write_growing(w, n, grow=50):
@@ -116,7 +117,8 @@ def test_episode_ids_never_escape(tmp_path, bad):
 def test_prepared_request_delta_is_used_only_against_its_own_base(tmp_path):
     """EpisodeWriter.prepare_request (computed while the server works) gives the same log as
     append_call computing the delta itself, also when another row was written in between."""
-    from polar_recon.logfile import EpisodeWriter, read_log
+    from polar_recon.logreader import read_log
+    from polar_recon.logwriter import EpisodeWriter
 
     reqs = ['{"messages":["a"]}', '{"messages":["a","b"]}', '{"messages":["a","b","c"]}', '{"messages":["x"]}']
     w = EpisodeWriter(tmp_path / "p.arrow", "p")

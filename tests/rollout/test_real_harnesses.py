@@ -67,7 +67,7 @@ def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, r
     assert rec["status"] == "done" and rec["harness_rc"] == 0 and rec["runtime"] == runtime, detail
     assert "calc.py" in rec["changed_files"] and rec["reward"] == 1.0, detail
 
-    from polar_recon.logfile import read_episode
+    from polar_recon.logreader import read_episode
     log = read_episode(logdir / f"{rec['episode_id']}.arrow")
     assert log.finished and log.reward == 1.0 and log.metadata["group_id"] == f"fix-add-{tag}"
     calls = log.calls.filter(~log.calls["auxiliary"].fill_null(False))

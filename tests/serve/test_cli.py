@@ -11,7 +11,7 @@ from tests.support.servers import REPO
 
 def test_make_tiny_is_deterministic_and_carries_the_real_tokenizer(tmp_path, tiny_model):
     out = tmp_path / "tiny"
-    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--make-tiny", str(out)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--make-tiny", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (out / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
@@ -33,9 +33,9 @@ def test_serve_fixture_port_zero_health_and_sglang_token_ids_layout(serve):
 def test_bad_script_and_missing_model_exit_2_with_a_message(tmp_path, tiny_model):
     bad = tmp_path / "s.json"
     bad.write_text('{"turns": [{"contnt": "x"}]}')
-    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--model", str(tiny_model), "--script", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--model", str(tiny_model), "--script", str(bad)],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown keys ['contnt']" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "trainer.serve.cli", "--model", str(tmp_path / "nope")],
+    r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--model", str(tmp_path / "nope")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no config.json" in r.stderr

@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.serve.jsonstream import JsonScanner
+from polar_serve.jsonstream import JsonScanner
 
 TEXT = (st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8)
         | st.sampled_from(["é", "😀", '\n\t"\\/', "\x01\x1f", "</tool_call>", "a\u2028b", "{[,:]}"]))

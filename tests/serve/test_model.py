@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.serve.model import LOGPROB_FLOOR, SamplingParams, ServedModel, process_logits
+from polar_serve.model import LOGPROB_FLOOR, SamplingParams, ServedModel, process_logits
 
 
 @pytest.fixture(scope="module")

@@ -7,50 +7,51 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.serve.parsers import TOOL_END, StreamParser, parse_output
+from polar_serve.dialects import DIALECTS
+from polar_serve.parsers import TOOL_END, StreamParser, parse_output
 
 QWEN_TURN = ('<think>\nThe user wants hello.txt.\n</think>\n\nI\'ll create it.\n<tool_call>\n'
              '{"name": "bash", "arguments": {"command":"echo hi > hello.txt"}}\n</tool_call>')
 
 
 def test_vllm_qwen3_hermes_keeps_whitespace_and_reserializes_arguments():
-    p = parse_output(QWEN_TURN, "vllm", thinking=True, tools_active=True)
+    p = parse_output(QWEN_TURN, DIALECTS["vllm"], thinking=True, tools_active=True)
     assert p.reasoning == "\nThe user wants hello.txt.\n"
     assert p.content == "\n\nI'll create it.\n"
     assert [(c.name, c.arguments) for c in p.tool_calls] == [("bash", '{"command": "echo hi > hello.txt"}')]
 
 
 def test_sglang_qwen3_qwen25_strips():
-    p = parse_output(QWEN_TURN, "sglang", thinking=True, tools_active=True, tool_names={"bash"})
+    p = parse_output(QWEN_TURN, DIALECTS["sglang"], thinking=True, tools_active=True, tool_names={"bash"})
     assert p.reasoning == "The user wants hello.txt.\n"
     assert p.content == "I'll create it."
     assert [(c.name, c.arguments) for c in p.tool_calls] == [("bash", '{"command": "echo hi > hello.txt"}')]
 
 
 def test_sglang_drops_calls_to_undeclared_tools():
-    p = parse_output(QWEN_TURN, "sglang", thinking=True, tools_active=True, tool_names={"read"})
+    p = parse_output(QWEN_TURN, DIALECTS["sglang"], thinking=True, tools_active=True, tool_names={"read"})
     assert p.tool_calls == [] and p.content == "I'll create it."
 
 
 def test_vllm_thinking_without_end_tag_is_all_reasoning():
-    p = parse_output("just some words", "vllm", thinking=True, tools_active=False)
+    p = parse_output("just some words", DIALECTS["vllm"], thinking=True, tools_active=False)
     assert p.reasoning == "just some words" and p.content is None
 
 
 def test_thinking_disabled_is_all_content():
     for d in ("vllm", "sglang"):
-        p = parse_output("plain answer", d, thinking=False, tools_active=False)
+        p = parse_output("plain answer", DIALECTS[d], thinking=False, tools_active=False)
         assert p.reasoning is None and p.content == "plain answer"
 
 
 def test_tools_inactive_leaves_tool_markup_in_content():
-    p = parse_output("<think>\n\n</think>\n\n<tool_call>\n{}\n</tool_call>", "vllm", True, tools_active=False)
+    p = parse_output("<think>\n\n</think>\n\n<tool_call>\n{}\n</tool_call>", DIALECTS["vllm"], True, tools_active=False)
     assert p.content == "\n\n<tool_call>\n{}\n</tool_call>"
 
 
 def test_vllm_bad_json_call_is_plain_content():
     text = "<think>x</think>ok<tool_call>\n{not json}\n</tool_call>"
-    p = parse_output(text, "vllm", True, True)
+    p = parse_output(text, DIALECTS["vllm"], True, True)
     assert p.tool_calls == [] and p.content == "ok<tool_call>\n{not json}\n</tool_call>"
 
 
@@ -58,13 +59,13 @@ def test_two_calls_and_unicode_arguments():
     text = ('<think>\n\n</think>\n\n<tool_call>\n{"name": "a", "arguments": {"x": "é"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>')
     for d in ("vllm", "sglang"):
-        p = parse_output(text, d, True, True, {"a", "b"})
+        p = parse_output(text, DIALECTS[d], True, True, {"a", "b"})
         assert [(c.name, json.loads(c.arguments)) for c in p.tool_calls] == [("a", {"x": "é"}), ("b", {})]
         assert "é" in p.tool_calls[0].arguments  # ensure_ascii=False, like both servers
 
 
 def _replay(text: str, cuts: list[int], dialect: str, thinking: bool, tools: bool):
-    sp = StreamParser(dialect, thinking, tools, {"bash", "a", "b"})
+    sp = StreamParser(DIALECTS[dialect], thinking, tools, {"bash", "a", "b"})
     deltas = []
     for c in sorted(set(cuts)):
         deltas += sp.feed(text[:c])
@@ -101,7 +102,7 @@ TEXTS = [
 def test_stream_deltas_fold_to_the_non_streaming_parse(idx, cuts, dialect, thinking, tools):
     text = TEXTS[idx]
     r, c, calls = _fold(_replay(text, cuts, dialect, thinking, tools))
-    p = parse_output(text, dialect, thinking, tools, {"bash", "a", "b"})
+    p = parse_output(text, DIALECTS[dialect], thinking, tools, {"bash", "a", "b"})
     assert r == (p.reasoning or "")
     assert c == (p.content or "")
     assert [(x["name"], x["arguments"]) for x in calls] == [(t.name, t.arguments) for t in p.tool_calls]
@@ -136,7 +137,7 @@ def test_streamed_arguments_add_up_to_the_non_streamed_ones(calls, prefix, diale
     text = "<think>\nplan\n</think>\n\n" + prefix + "\n".join(
         f"<tool_call>\n{_call_text(*c)}\n</tool_call>" for c in calls)
     deltas = _replay(text, list(range(0, len(text), step)) + cuts, dialect, True, True)
-    p = parse_output(text, dialect, True, True, {"bash", "a", "b"})
+    p = parse_output(text, DIALECTS[dialect], True, True, {"bash", "a", "b"})
     r, c, folded = _fold(deltas)
     assert (r, c) == (p.reasoning or "", p.content or "")
     assert [(x["name"], x["arguments"]) for x in folded] == [(t.name, t.arguments) for t in p.tool_calls]
@@ -154,10 +155,10 @@ def test_streamed_arguments_add_up_to_the_non_streamed_ones(calls, prefix, diale
 def test_long_arguments_stream_in_many_fragments(dialect):
     text = ('<tool_call>\n{"name": "bash", "arguments": {"command": "' + "echo word; " * 20
             + '", "timeout": 30}}\n</tool_call>')
-    sp = StreamParser(dialect, False, True, {"bash"})
+    sp = StreamParser(DIALECTS[dialect], False, True, {"bash"})
     feeds = [sp.feed(text[:i]) for i in range(1, len(text) + 1)] + [sp.feed(text, final=True)]
     frags = [d["tool_call"]["arguments"] for ds in feeds for d in ds if "arguments" in d.get("tool_call", {})]
-    assert len(frags) > 20 and "".join(frags) == parse_output(text, dialect, False, True, {"bash"}).tool_calls[0].arguments
+    assert len(frags) > 20 and "".join(frags) == parse_output(text, DIALECTS[dialect], False, True, {"bash"}).tool_calls[0].arguments
     named = next(i for i, ds in enumerate(feeds) if any("name" in d.get("tool_call", {}) for d in ds))
     args_at = [i for i, ds in enumerate(feeds) if any("arguments" in d.get("tool_call", {}) for d in ds)]
     assert args_at[0] > named
@@ -169,7 +170,7 @@ def test_long_arguments_stream_in_many_fragments(dialect):
 
 
 def test_vllm_name_and_first_fragment_can_share_a_feed():
-    sp = StreamParser("vllm", False, True)
+    sp = StreamParser(DIALECTS["vllm"], False, True)
     out = sp.feed('<tool_call>\n{"name": "bash", "arguments": {"x": 1, ')
     assert [list(d["tool_call"]) for d in out] == [["index", "id", "name"], ["index", "arguments"]]
     assert out[1]["tool_call"]["arguments"] == '{"x": 1, '
@@ -185,7 +186,7 @@ def test_sglang_skips_undeclared_tools_without_using_an_index():
 
 
 def test_stream_sends_tool_name_before_arguments_complete():
-    sp = StreamParser("vllm", True, True)
+    sp = StreamParser(DIALECTS["vllm"], True, True)
     partial = QWEN_TURN[: QWEN_TURN.index('"arguments"') + 5]
     out = sp.feed(partial)
     names = [d["tool_call"] for d in out if "tool_call" in d]
@@ -194,6 +195,6 @@ def test_stream_sends_tool_name_before_arguments_complete():
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
 def test_stream_holds_back_a_split_tool_call_tag(dialect):
-    sp = StreamParser(dialect, False, True)
+    sp = StreamParser(DIALECTS[dialect], False, True)
     out = sp.feed("Hello <tool_")
     assert "".join(d.get("content", "") for d in out).strip() == "Hello"

@@ -4,7 +4,7 @@
     with polar_serve(tiny_model_dir(), "vllm", script="data/scripts/create_hello.json") as srv:
         httpx.post(srv.base_url + "/v1/chat/completions", json=...)
 
-The server is a real subprocess (`python -m trainer.serve.cli`), bound to 127.0.0.1 on a free port
+The server is a real subprocess (`python -m polar_serve.cli`), bound to 127.0.0.1 on a free port
 (`--port 0`; the port is read from its `polar-serve listening on ...` line) and killed by pid
 when the block exits.
 """
@@ -29,7 +29,7 @@ TINY_SEED = 0
 
 def tiny_model_dir(seed: int = TINY_SEED) -> Path:
     """Build the tiny random Qwen3 once (under a file lock, for parallel test processes); return its dir."""
-    from trainer.serve.tiny import ensure_tiny
+    from polar_serve.tiny import ensure_tiny
 
     return ensure_tiny(CACHE if seed == TINY_SEED else CACHE.with_name(f"tiny-qwen3-seed{seed}"), seed=seed)
 
@@ -61,7 +61,7 @@ def _pump(stream, sink: list[str]) -> None:
 @contextlib.contextmanager
 def polar_serve(model_dir, dialect: str = "vllm", script=None, extra_args=(), timeout: float = 120.0):
     """Run polar-serve as a subprocess for the duration of the block; yield a ServeHandle."""
-    cmd = [sys.executable, "-m", "trainer.serve.cli", "--model", str(model_dir), "--dialect", dialect,
+    cmd = [sys.executable, "-m", "polar_serve.cli", "--model", str(model_dir), "--dialect", dialect,
            "--host", "127.0.0.1", "--port", "0", *map(str, extra_args)]
     if script is not None:
         cmd += ["--script", str(script)]

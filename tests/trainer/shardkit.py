@@ -35,7 +35,7 @@ def tiny_model_dir() -> Path:
     except ImportError as e:
         print(f"[tests/trainer] tests.support.servers.tiny_model_dir unavailable ({e}); building locally",
               file=sys.stderr)
-    from trainer.serve.tiny import make_tiny
+    from polar_serve.tiny import make_tiny
 
     d = ROOT / ".cache" / "tiny-qwen3-trainer"
     if not (d / "config.json").is_file():

@@ -31,7 +31,7 @@ def episode(proxy: str, ep: str, gid: str, reward: float, calls: int) -> None:
 
 
 def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
-    from polar_recon.logfile import read_log
+    from polar_recon.logreader import read_log
 
     with stack(tmp_path, tiny_dir) as (_, proxy):
         for g in range(2):

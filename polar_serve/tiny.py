@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
-# The real tokenizer lives in the repository (copied from Qwen/Qwen3-0.6B, see its PROVENANCE.md).
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "qwen3"
+from polar_recon.assets import QWEN3_TOKENIZER
+
+# The real tokenizer is bundled data (copied from Qwen/Qwen3-0.6B, see its PROVENANCE.md).
+TOKENIZER_DIR = QWEN3_TOKENIZER
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "LICENSE", "PROVENANCE.md")
 
 TINY_CONFIG = dict(

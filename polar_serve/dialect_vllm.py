@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import json
 
-from .chat import Call, Result, chat_logprob_entries, logprob_token, parse_result, new_stream_parser
+from polar_recon.chat_render import VLLM_RENDER
+
+from . import parsers
+from .chat import Call, Result, chat_logprob_entries, logprob_token, new_stream_parser, parse_result
+from .dialect import Dialect, hex_id
 
 
 def error_body(message: str, err_type: str = "BadRequestError", status: int = 400) -> dict:
@@ -42,9 +46,8 @@ def _tool_call(tc) -> dict:
 def chat_full(call: Call, res: Result, tokenizer) -> dict:
     b = call.body
     p = parse_result(call, res)
-    from .parsers import new_tool_call_id
     for tc in p.tool_calls:
-        tc.id = new_tool_call_id("vllm")
+        tc.id = call.dialect.tool_call_id()
     msg = {"role": "assistant", "content": p.content, "refusal": None, "annotations": None, "audio": None,
            "function_call": None}
     if p.tool_calls:
@@ -165,7 +168,7 @@ async def _choice_chunks(call: Call, queue, tokenizer, index: int, head: dict, c
 
 
 # -- /v1/completions ------------------------------------------------------------------------------
-def _legacy_logprobs(tokenizer, steps, as_ids: bool, offset0: int = 0) -> dict:
+def legacy_logprobs(tokenizer, steps, as_ids: bool, offset0: int = 0) -> dict:
     toks, lps, tops, offs = [], [], [], []
     off = offset0
     for st in steps:
@@ -184,7 +187,7 @@ def completion_full(call: Call, res: Result, tokenizer) -> dict:
     echo = bool(b.get("echo"))
     lp = None
     if b.get("logprobs") is not None and b.get("logprobs") is not False:
-        lp = _legacy_logprobs(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")))
+        lp = legacy_logprobs(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")))
     text = (call.prompt_text + res.text) if echo else res.text
     ids = (call.prompt_ids + res.ids) if echo else res.ids
     choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": res.finish_reason,
@@ -214,7 +217,7 @@ async def completion_stream(call: Call, queue, tokenizer):
         steps = [ev.step] if ev.step is not None else []
         n += len(steps)
         choice = {"index": 0, "text": ev.text,
-                  "logprobs": _legacy_logprobs(tokenizer, steps, as_ids, offset) if want_lp and steps else None,
+                  "logprobs": legacy_logprobs(tokenizer, steps, as_ids, offset) if want_lp and steps else None,
                   "finish_reason": ev.finish_reason if final else None,
                   "stop_reason": ev.stop_reason if final else None}
         offset += len(ev.text)
@@ -230,3 +233,46 @@ async def completion_stream(call: Call, queue, tokenizer):
         yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(call.prompt_ids),
                                                  "total_tokens": len(call.prompt_ids) + n, "completion_tokens": n}))
     yield b"data: [DONE]\n\n"
+
+
+class VLLM(Dialect):
+    name = "vllm"
+    render = VLLM_RENDER
+    split_reasoning = staticmethod(parsers.split_reasoning_vllm)
+    checks_model_name = True
+
+    def split_tools(self, rest, tool_names, partial):
+        return parsers.split_tools_vllm(rest, partial)
+
+    def tool_call_id(self) -> str:
+        return f"chatcmpl-tool-{hex_id()}"
+
+    def request_id(self, kind: str) -> str:
+        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{hex_id()}"
+
+    def model_name(self, body: dict, served_name: str) -> str:
+        return served_name
+
+    def error_body(self, message: str, status: int, err_type: str | None) -> dict:
+        t = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        return error_body(message, t, status)
+
+    def chat_full(self, server, call, res, started):
+        return chat_full(call, res, server.model.tokenizer)
+
+    def chat_stream(self, server, calls, queues, headers):
+        return chat_stream(calls, queues, server.model.tokenizer)
+
+    def completion_full(self, server, call, res):
+        return completion_full(call, res, server.model.tokenizer)
+
+    def completion_stream(self, server, call, queue):
+        return completion_stream(call, queue, server.model.tokenizer)
+
+    def model_card(self, server, name, created):
+        return {"id": name, "object": "model", "created": created, "owned_by": "vllm",
+                "root": str(server.model.model_dir), "parent": None, "max_model_len": server.model.max_len,
+                "permission": []}
+
+    def tokenize_extra(self, out, body, tokenizer):
+        out["token_strs"] = tokenizer.convert_ids_to_tokens(out["tokens"]) if body.get("return_token_strs") else None

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from aiohttp import web
 
+from polar_recon.chat_render import RequestError, render_chat
+
 from . import dialect_sglang as sg
-from . import dialect_vllm as vl
-from .chat import Result, build_chat_call, build_completion_call, collect
+from .chat import Call, Result, build_chat_call, build_completion_call, collect
+from .dialect import Dialect, hex_id
 from .engine import Engine, Job
 from .model import ServedModel
 from .params import sampling_params, stop_list
-from .render import RequestError, render_chat
 
 log = logging.getLogger("polar-serve")
 VERSION_HEADER = "x-polar-weight-version"
@@ -27,7 +28,7 @@ SCRIPT_HEADER = "x-polar-script-turn"
 
 
 class Server:
-    def __init__(self, model: ServedModel, dialect: str, served_names, script: dict | None = None,
+    def __init__(self, model: ServedModel, dialect: Dialect, served_names, script: dict | None = None,
                  weight_version: str | None = None, sglang_ids_field: str = "response_token_ids"):
         self.sglang_ids_field = sglang_ids_field
         self.model = model
@@ -41,11 +42,7 @@ class Server:
 
     # -- helpers ------------------------------------------------------------------------------
     def error(self, message: str, status: int = 400, err_type: str | None = None) -> web.Response:
-        if self.dialect == "vllm":
-            t = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-            body = vl.error_body(message, t, status)
-        else:
-            body = sg.error_body(message, err_type or ("BadRequest" if status < 500 else "InternalServerError"), status)
+        body = self.dialect.error_body(message, status, err_type)
         return web.json_response(body, status=status, headers=self.headers())
 
     def headers(self) -> dict:
@@ -70,7 +67,7 @@ class Server:
 
     def check_model(self, body: dict) -> None:
         name = body.get("model")
-        if self.dialect == "vllm" and name not in (None, "") and name not in self.served_names:
+        if self.dialect.checks_model_name and name not in (None, "") and name not in self.served_names:
             raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
     async def sse(self, request: web.Request, chunks, job: Job | list[Job] | None = None, extra: dict | None = None):
@@ -100,12 +97,7 @@ class Server:
         r.add_get("/health", self.wrap(self.health))
         r.add_get("/polar/weight_version", self.wrap(self.get_version))
         r.add_post("/polar/reload", self.wrap(self.reload))
-        if self.dialect == "sglang":
-            r.add_post("/v1/tokenize", self.wrap(self.tokenize))
-            r.add_post("/v1/detokenize", self.wrap(self.detokenize))
-            r.add_post("/generate", self.wrap(self.generate))
-            r.add_get("/get_model_info", self.wrap(self.model_info))
-            r.add_get("/health_generate", self.wrap(self.health))
+        self.dialect.extra_routes(self, r)
 
     def wrap(self, fn):
         async def handler(request: web.Request):
@@ -124,8 +116,7 @@ class Server:
         body = await self.body(request)
         self.check_model(body)
         self.check_prompt_logprobs(body)
-        if self.dialect == "sglang":
-            sg.check_chat(body)
+        self.dialect.check_chat(body)
         n = body.get("n", 1)
         if n is None:
             n = 1
@@ -144,32 +135,20 @@ class Server:
         extra = {SCRIPT_HEADER: call.script_source} if call.script_source else {}
         if body.get("stream"):
             jobs = [c.job for c in calls]
-            if self.dialect == "vllm":
-                return await self.sse(request, vl.chat_stream(calls, queues, tok), jobs, extra)
-            return await self.sse(request, sg.chat_stream(calls, queues, tok, request.headers, self.model.eos_ids),
-                                  jobs, extra)
+            return await self.sse(request, self.dialect.chat_stream(self, calls, queues, request.headers), jobs, extra)
         res = await self._collect(call.job, q)
-        if self.dialect == "vllm":
-            out = vl.chat_full(call, res, tok)
-        else:
-            out = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started,
-                               self.sglang_ids_field)
+        out = self.dialect.chat_full(self, call, res, started)
         return web.json_response(out, headers={**self.headers(), **extra}, dumps=_dumps)
 
     async def chat_n(self, body: dict, n: int):
         """n>1 (non-streaming): n generations of the same prompt, choice i seeded with seed+i (as
         vLLM seeds parallel-sampling children); one answer with n choices and summed usage."""
-        tok = self.model.tokenizer
         outs = []
         for i, b in enumerate(_choice_bodies(body, n)):
             call = await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
             started = time.time()
             res = await self._collect(call.job, self.engine.stream(call.job))
-            if self.dialect == "vllm":
-                o = vl.chat_full(call, res, tok)
-            else:
-                o = sg.chat_full(call, res, tok, self.weight_version, self.model.eos_ids, started,
-                                 self.sglang_ids_field)
+            o = self.dialect.chat_full(self, call, res, started)
             o["choices"][0]["index"] = i
             outs.append(o)
         out = outs[0]
@@ -187,14 +166,10 @@ class Server:
         self.check_prompt_logprobs(body)
         call = await self.engine.run_sync(build_completion_call, body, self.dialect, self.served_name)
         q = self.engine.stream(call.job)
-        tok = self.model.tokenizer
         if body.get("stream"):
-            if self.dialect == "vllm":
-                return await self.sse(request, vl.completion_stream(call, q, tok), call.job)
-            return await self.sse(request, sg.completion_stream(call, q, tok, self.model.eos_ids), call.job)
+            return await self.sse(request, self.dialect.completion_stream(self, call, q), call.job)
         res = await self._collect(call.job, q)
-        out = vl.completion_full(call, res, tok) if self.dialect == "vllm" else sg.completion_full(
-            call, res, tok, self.model.eos_ids)
+        out = self.dialect.completion_full(self, call, res)
         return web.json_response(out, headers=self.headers(), dumps=_dumps)
 
     @staticmethod
@@ -207,15 +182,7 @@ class Server:
 
     async def models(self, request: web.Request):
         created = int(time.time())
-        cards = []
-        for name in self.served_names:
-            if self.dialect == "vllm":
-                cards.append({"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                              "root": str(self.model.model_dir), "parent": None, "max_model_len": self.model.max_len,
-                              "permission": []})
-            else:
-                cards.append({"id": name, "object": "model", "created": created, "owned_by": "sglang",
-                              "root": name, "max_model_len": self.model.max_len})
+        cards = [self.dialect.model_card(self, name, created) for name in self.served_names]
         return web.json_response({"object": "list", "data": cards}, headers=self.headers())
 
     async def tokenize(self, request: web.Request):
@@ -223,15 +190,14 @@ class Server:
         self.check_model(body)
         tok = self.model.tokenizer
         if "messages" in body:
-            _, ids = await self.engine.run_sync(lambda m: render_chat(m.tokenizer, body, self.dialect))
+            _, ids = await self.engine.run_sync(lambda m: render_chat(m.tokenizer, body, self.dialect.render))
         elif isinstance(body.get("prompt"), str):
             add = body.get("add_special_tokens", True)
             ids = tok.encode(body["prompt"], add_special_tokens=bool(add))
         else:
             raise RequestError("/tokenize needs 'prompt' (a string) or 'messages'")
         out = {"count": len(ids), "max_model_len": self.model.max_len, "tokens": ids}
-        if self.dialect == "vllm":
-            out["token_strs"] = tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
+        self.dialect.tokenize_extra(out, body, tok)
         return web.json_response(out, headers=self.headers())
 
     async def detokenize(self, request: web.Request):
@@ -287,10 +253,8 @@ class Server:
                 "min_p": sp.get("min_p"), "max_tokens": sp.get("max_new_tokens", 128), "seed": sp.get("sampling_seed"),
                 "stop": sp.get("stop"), "stop_token_ids": sp.get("stop_token_ids"), "ignore_eos": sp.get("ignore_eos")}
         params = sampling_params(fake, self.model.gen_defaults, self.model.max_len, len(ids), chat=False)
-        from .chat import Call
-        import uuid
         job = Job(ids, params, stop=stop_list(fake))
-        call = Call(body, "sglang", self.served_name, uuid.uuid4().hex, int(time.time()), ids, text, params, job,
+        call = Call(body, self.dialect, self.served_name, hex_id(), int(time.time()), ids, text, params, job,
                     thinking=False)
         started = time.time()
         q = self.engine.stream(job)

@@ -1,12 +1,11 @@
-"""The public numpy-level reader of polar_recon/logfile.py agrees with read_log, and the old
-private names still work (polar_recon/episodes.py imported them)."""
+"""The public numpy-level reader of polar_recon/logtable.py agrees with read_log."""
 from __future__ import annotations
 
 import numpy as np
 
-from polar_recon import logfile
-from polar_recon.logfile import (EpisodeWriter, full_prompt_arrays, full_requests, read_batches, read_log,
-                                 read_table, unpack)
+from polar_recon.logreader import read_log
+from polar_recon.logtable import full_prompt_arrays, full_requests, read_batches, read_table, unpack
+from polar_recon.logwriter import EpisodeWriter
 from polar_recon.logschema import KIND_CALL
 
 
@@ -33,5 +32,3 @@ def test_public_reader_matches_read_log(tmp_path):
     assert full_requests(calls) == df["request"].to_list()
     assert unpack(calls.column("response_zstd")[0].as_py()) == b"{}"
     assert read_table(path, ["kind"])[0].column_names == ["kind"]
-    # the private names the recon package used keep working
-    assert logfile._read_batches is read_batches and logfile._full_requests is full_requests

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from polar_recon.prefix import common_prefix
+
 LOGPROB_FLOOR = -9999.0
 _PREFILL_CHUNK = 1024
 # Extending a cached prefix by more than this many tokens is slower than recomputing from scratch.
@@ -222,18 +224,6 @@ class HFRunner:
         return self.model.lm_head(hidden)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    # Compare in blocks first: prompts share long prefixes and Python loops over 20k ints add up.
-    step = 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Logits after temperature, top-k, top-p and min-p (masked entries -inf), as vLLM samples them."""
     x = logits.float()
@@ -375,7 +365,7 @@ class ServedModel:
         """The pooled cache sharing the longest prefix with `ids`, truncated to that prefix."""
         best, best_n = None, -1
         for c in self.caches:
-            n = _common_prefix(c.ids, ids)
+            n = common_prefix(c.ids, ids)
             if n > best_n:
                 best, best_n = c, n
         if isinstance(self.runner, HFRunner) or best is None or best_n == 0:

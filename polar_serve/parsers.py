@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 
 from .jsonstream import JsonScanner
@@ -50,21 +49,20 @@ class Parsed:
     tool_calls: list[ToolCallOut] = field(default_factory=list)
 
 
-def new_tool_call_id(dialect: str) -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}" if dialect == "vllm" else f"call_{uuid.uuid4().hex[:24]}"
+def split_reasoning_vllm(text: str, thinking: bool) -> tuple[str | None, str]:
+    """(reasoning, rest) of a model output, as vLLM's qwen3 reasoning parser splits it."""
+    if not thinking and THINK_START not in text:
+        return None, text
+    before, tag, after = text.partition(THINK_START)
+    body = after if tag else before
+    if THINK_END not in body:
+        return body, ""
+    reasoning, _, rest = body.partition(THINK_END)
+    return reasoning, rest
 
 
-def split_reasoning(text: str, dialect: str, thinking: bool) -> tuple[str | None, str]:
-    """(reasoning, rest) of a model output."""
-    if dialect == "vllm":
-        if not thinking and THINK_START not in text:
-            return None, text
-        before, tag, after = text.partition(THINK_START)
-        body = after if tag else before
-        if THINK_END not in body:
-            return body, ""
-        reasoning, _, rest = body.partition(THINK_END)
-        return reasoning, rest
+def split_reasoning_sglang(text: str, thinking: bool) -> tuple[str | None, str]:
+    """(reasoning, rest) of a model output, as SGLang's qwen3 reasoning parser splits it."""
     if not thinking and THINK_START not in text:
         return None, text
     body = text.replace(THINK_START, "").strip()
@@ -91,7 +89,7 @@ def split_tools_vllm(rest: str, partial: bool) -> tuple[str | None, list[ToolCal
         return (rest or None), [], True
     content = rest[:rest.find(TOOL_START)]
     calls = []
-    for body, closed in tool_regions(rest, "vllm"):
+    for body, closed in tool_regions(rest, TOOL_START, TOOL_END):
         if closed:
             c = _parse_call(body)
             if c is None:
@@ -139,16 +137,14 @@ def split_tools_sglang(rest: str, tool_names: set[str] | None, partial: bool) ->
     return (content or None), calls, True
 
 
-def parse_output(text: str, dialect: str, thinking: bool, tools_active: bool,
+def parse_output(text: str, dialect, thinking: bool, tools_active: bool,
                  tool_names: set[str] | None = None, partial: bool = False) -> Parsed:
-    """Split a (possibly partial) model output into reasoning, content and tool calls."""
-    reasoning, rest = split_reasoning(text, dialect, thinking)
+    """Split a (possibly partial) model output into reasoning, content and tool calls, by the
+    rules of `dialect` (a dialect.Dialect)."""
+    reasoning, rest = dialect.split_reasoning(text, thinking)
     if not tools_active:
         return Parsed(reasoning, rest or None, [])
-    if dialect == "vllm":
-        content, calls, ok = split_tools_vllm(rest, partial)
-    else:
-        content, calls, ok = split_tools_sglang(rest, tool_names, partial)
+    content, calls, ok = dialect.split_tools(rest, tool_names, partial)
     if not ok:
         return Parsed(reasoning, rest or None, [])
     return Parsed(reasoning, content, calls)
@@ -164,11 +160,10 @@ class _CallStream:
     lag: str | None = None     # SGLang: what was certain at the previous feed (it diffs one step behind)
 
 
-def tool_regions(rest: str, dialect: str) -> list[tuple[str, bool]]:
-    """(body, closed) of each `<tool_call>` region, delimited as the dialect's tool parser does."""
+def tool_regions(rest: str, bot: str, eot: str) -> list[tuple[str, bool]]:
+    """(body, closed) of each `<tool_call>` region, delimited by the tool parser's `bot` / `eot`."""
     # vLLM's regex `<tool_call>(.*?)</tool_call>|<tool_call>(.*)` (DOTALL), as str.find: the lazy
     # regex rescans a long open call on every token.
-    bot, eot = (TOOL_START, TOOL_END) if dialect == "vllm" else (TOOL_START + "\n", "\n" + TOOL_END)
     out, pos = [], 0
     while (start := rest.find(bot, pos)) != -1:
         end = rest.find(eot, start + len(bot))
@@ -213,7 +208,7 @@ class StreamParser:
       JSON object is complete. Calls to undeclared tools are skipped (no index used).
     """
 
-    def __init__(self, dialect: str, thinking: bool, tools_active: bool, tool_names: set[str] | None = None):
+    def __init__(self, dialect, thinking: bool, tools_active: bool, tool_names: set[str] | None = None):
         self.dialect, self.thinking, self.tools_active, self.tool_names = dialect, thinking, tools_active, tool_names
         self.sent_reasoning = ""
         self.sent_content = ""
@@ -242,19 +237,20 @@ class StreamParser:
         if not self.calls and len(c) > len(self.sent_content) and c.startswith(self.sent_content):
             # Hold back a possible start of "<tool_call>" split over tokens.
             safe = c if final else _hold_back(c, TOOL_START + "\n")
-            if self.dialect == "sglang" and not final:
-                safe = safe.rstrip()  # SGLang strips the text before a call: trailing space may vanish
+            if self.dialect.strips_text_before_tool_call and not final:
+                safe = safe.rstrip()  # the text before a call is stripped: trailing space may vanish
             if len(safe) > len(self.sent_content):
                 out.append({"content": safe[len(self.sent_content):]})
                 self.sent_content = safe
         if self.tools_active:
-            _, rest = split_reasoning(text, self.dialect, self.thinking)
+            _, rest = self.dialect.split_reasoning(text, self.thinking)
             out += self._tool_deltas(rest, p.tool_calls if final else None)
         return out
 
     def _tool_deltas(self, rest: str, final_calls: list[ToolCallOut] | None) -> list[dict]:
         out = []
-        for r, (body, closed) in enumerate(tool_regions(rest, self.dialect)):
+        d = self.dialect
+        for r, (body, closed) in enumerate(tool_regions(rest, d.tool_start, d.tool_end)):
             if r in self.skipped:
                 continue
             if r >= len(self.scanners):
@@ -267,16 +263,16 @@ class StreamParser:
                 name = outer.members.get("name")
                 if name is None or name.string is None:
                     break  # call r+1 cannot start before call r is named (like the real parsers)
-                if self.dialect == "sglang" and self.tool_names is not None and name.string not in self.tool_names:
+                if d.skips_undeclared_tools and self.tool_names is not None and name.string not in self.tool_names:
                     self.skipped.add(r)
                     continue
-                call = self.calls[r] = _CallStream(len(self.calls), new_tool_call_id(self.dialect))
+                call = self.calls[r] = _CallStream(len(self.calls), d.tool_call_id())
                 out.append({"tool_call": {"index": call.index, "id": call.id, "name": name.string}})
             certain = certain_arguments(outer, body.lstrip(), call.args)
             if final_calls is not None:
                 final = final_calls[call.index].arguments if call.index < len(final_calls) else None
                 certain = final if final is not None and final.startswith(call.sent) else call.sent
-            elif self.dialect == "sglang" and not outer.done:
+            elif d.lags_streamed_arguments and not outer.done:
                 # SGLang sends what the previous and the current partial parse agree on, and only
                 # once the previous parse had non-empty arguments (its `elif prev_arguments:`).
                 prev = call.lag

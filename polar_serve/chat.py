@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from .engine import Event, Job
+from .dialect import Dialect
 from .model import SamplingParams, TokenStep
 from .parsers import Parsed, StreamParser, parse_output
 from .params import sampling_params, stop_list
-from .render import RequestError, render_chat, thinking_enabled
+from polar_recon.chat_render import RequestError, render_chat, thinking_enabled
 from .script import choose_reply
 
 
 @dataclass
 class Call:
     body: dict
-    dialect: str
+    dialect: Dialect
     model_name: str            # the name the response reports
     request_id: str
     created: int
@@ -48,7 +48,7 @@ class Result:
         return [s.token_id for s in self.steps]
 
 
-def _tools_active(body: dict, dialect: str) -> bool:
+def _tools_active(body: dict) -> bool:
     tools = body.get("tools")
     if not tools:
         return False
@@ -56,16 +56,16 @@ def _tools_active(body: dict, dialect: str) -> bool:
     return tc != "none"
 
 
-def build_chat_call(model, body: dict, dialect: str, served_name: str, script: dict | None) -> Call:
+def build_chat_call(model, body: dict, dialect: Dialect, served_name: str, script: dict | None) -> Call:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    sg_input_ids = body.get("input_ids") if dialect == "sglang" else None
+    sg_input_ids = body.get("input_ids") if dialect.chat_input_ids else None
     if sg_input_ids is not None:
         if not isinstance(sg_input_ids, list) or not all(isinstance(x, int) for x in sg_input_ids):
             raise RequestError("'input_ids' must be a list of integers")
         prompt_text, prompt_ids = model.tokenizer.decode(sg_input_ids), list(sg_input_ids)
     else:
-        prompt_text, prompt_ids = render_chat(model.tokenizer, body, dialect)
+        prompt_text, prompt_ids = render_chat(model.tokenizer, body, dialect.render)
     params = sampling_params(body, model.gen_defaults, model.max_len, len(prompt_ids), chat=True)
     thinking = thinking_enabled(body)
     job = Job(prompt_ids, params, stop=stop_list(body), include_stop_str=bool(body.get("include_stop_str_in_output")))
@@ -87,13 +87,12 @@ def build_chat_call(model, body: dict, dialect: str, served_name: str, script: d
     tc = body.get("tool_choice")
     if isinstance(tc, dict):
         names = {(tc.get("function") or {}).get("name")}
-    rid = (f"chatcmpl-{uuid.uuid4().hex}" if dialect == "vllm" else uuid.uuid4().hex)
-    return Call(body, dialect, served_name if dialect == "vllm" else str(body.get("model", "default")), rid,
+    return Call(body, dialect, dialect.model_name(body, served_name), dialect.request_id("chat"),
                 int(time.time()), prompt_ids, prompt_text, job.params, job, thinking,
-                _tools_active(body, dialect), names, source)
+                _tools_active(body), names, source)
 
 
-def build_completion_call(model, body: dict, dialect: str, served_name: str) -> Call:
+def build_completion_call(model, body: dict, dialect: Dialect, served_name: str) -> Call:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     prompt = body.get("prompt")
@@ -116,8 +115,7 @@ def build_completion_call(model, body: dict, dialect: str, served_name: str) -> 
                            "(batched prompts are not supported by polar-serve)")
     params = sampling_params(body, model.gen_defaults, model.max_len, len(ids), chat=False)
     job = Job(ids, params, stop=stop_list(body), include_stop_str=bool(body.get("include_stop_str_in_output")))
-    rid = f"cmpl-{uuid.uuid4().hex}" if dialect == "vllm" else uuid.uuid4().hex
-    return Call(body, dialect, served_name if dialect == "vllm" else str(body.get("model", "default")), rid,
+    return Call(body, dialect, dialect.model_name(body, served_name), dialect.request_id("cmpl"),
                 int(time.time()), ids, text, params, job, thinking=False)
 
 

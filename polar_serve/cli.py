@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--dialect", choices=("vllm", "sglang"), default="vllm")
-    p.add_argument("--script", metavar="FILE", help="scripted mode: replies come from FILE (see trainer/serve/script.py)")
+    p.add_argument("--script", metavar="FILE", help="scripted mode: replies come from FILE (see polar_serve/script.py)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) accepted (vLLM checks them); the first is reported (default: DIR's name)")
     p.add_argument("--threads", type=int, default=1,
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"polar-serve: cannot load model from {args.model}: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or [Path(args.model).resolve().name]
-    server = Server(model, args.dialect, name, script, args.weight_version, args.sglang_token_ids_field)
+    from .dialects import DIALECTS
+    server = Server(model, DIALECTS[args.dialect], name, script, args.weight_version, args.sglang_token_ids_field)
     return asyncio.run(_serve(server, make_app(server), args.host, args.port))
 
 

@@ -25,8 +25,12 @@ from __future__ import annotations
 import json
 import time
 
+from polar_recon.chat_render import SGLANG_RENDER, RequestError
+
+from . import parsers
 from .chat import Call, Result, chat_logprob_entries, new_stream_parser, parse_result, reasoning_token_count
-from .render import RequestError
+from .dialect import Dialect, hex_id
+from .dialect_vllm import legacy_logprobs
 
 STREAM_REJECTED = ("return_prompt_token_ids", "return_token_ids", "return_meta_info")
 
@@ -87,10 +91,9 @@ def chat_full(call: Call, res: Result, tokenizer, weight_version: str, eos_ids, 
               ids_field: str = "response_token_ids") -> dict:
     b = call.body
     p = parse_result(call, res)
-    from .parsers import new_tool_call_id
     tcs = None
     if p.tool_calls:
-        tcs = [{"id": new_tool_call_id("sglang"), "index": i, "type": "function",
+        tcs = [{"id": call.dialect.tool_call_id(), "index": i, "type": "function",
                 "function": {"name": tc.name, "arguments": tc.arguments}} for i, tc in enumerate(p.tool_calls)]
     finish = "tool_calls" if tcs and res.finish_reason == "stop" else res.finish_reason
     msg = {"role": "assistant", "content": p.content, "reasoning_content": p.reasoning, "tool_calls": tcs}
@@ -234,8 +237,7 @@ def completion_full(call: Call, res: Result, tokenizer, eos_ids) -> dict:
     choice = {"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason,
               "matched_stop": _matched(res, eos_ids)}
     if b.get("logprobs") not in (None, False):
-        from .dialect_vllm import _legacy_logprobs
-        choice["logprobs"] = _legacy_logprobs(tokenizer, res.steps, False)
+        choice["logprobs"] = legacy_logprobs(tokenizer, res.steps, False)
     if b.get("return_token_ids"):
         choice["prompt_token_ids"] = call.prompt_ids
         choice["token_ids"] = res.ids
@@ -292,3 +294,57 @@ def generate_out(call: Call, res: Result, weight_version: str, eos_ids, started:
     if with_prompt_ids:
         out["prompt_token_ids"] = call.prompt_ids
     return out
+
+
+class SGLang(Dialect):
+    name = "sglang"
+    render = SGLANG_RENDER
+    split_reasoning = staticmethod(parsers.split_reasoning_sglang)
+    tool_start = parsers.TOOL_START + "\n"
+    tool_end = "\n" + parsers.TOOL_END
+    strips_text_before_tool_call = True
+    skips_undeclared_tools = True
+    lags_streamed_arguments = True
+    chat_input_ids = True
+
+    def split_tools(self, rest, tool_names, partial):
+        return parsers.split_tools_sglang(rest, tool_names, partial)
+
+    def tool_call_id(self) -> str:
+        return f"call_{hex_id()[:24]}"
+
+    def request_id(self, kind: str) -> str:
+        return hex_id()
+
+    def model_name(self, body: dict, served_name: str) -> str:
+        return str(body.get("model", "default"))  # SGLang echoes any name
+
+    def error_body(self, message: str, status: int, err_type: str | None) -> dict:
+        return error_body(message, err_type or ("BadRequest" if status < 500 else "InternalServerError"), status)
+
+    def check_chat(self, body: dict) -> None:
+        check_chat(body)
+
+    def chat_full(self, server, call, res, started):
+        return chat_full(call, res, server.model.tokenizer, server.weight_version, server.model.eos_ids, started,
+                         server.sglang_ids_field)
+
+    def chat_stream(self, server, calls, queues, headers):
+        return chat_stream(calls, queues, server.model.tokenizer, headers, server.model.eos_ids)
+
+    def completion_full(self, server, call, res):
+        return completion_full(call, res, server.model.tokenizer, server.model.eos_ids)
+
+    def completion_stream(self, server, call, queue):
+        return completion_stream(call, queue, server.model.tokenizer, server.model.eos_ids)
+
+    def model_card(self, server, name, created):
+        return {"id": name, "object": "model", "created": created, "owned_by": "sglang", "root": name,
+                "max_model_len": server.model.max_len}
+
+    def extra_routes(self, server, router) -> None:
+        router.add_post("/v1/tokenize", server.wrap(server.tokenize))
+        router.add_post("/v1/detokenize", server.wrap(server.detokenize))
+        router.add_post("/generate", server.wrap(server.generate))
+        router.add_get("/get_model_info", server.wrap(server.model_info))
+        router.add_get("/health_generate", server.wrap(server.health))

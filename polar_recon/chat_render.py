@@ -1,4 +1,8 @@
-"""Chat-template rendering exactly as vLLM 0.33 and SGLang 0.5.23 prepare a request for the template.
+"""Chat-template rendering exactly as vLLM and SGLang 0.5.23 prepare a request for the template.
+
+One rule set per server (`RenderRules`, below): polar-serve renders its prompts with them and the
+`retokenize` baseline of reconstruction renders conversations with them, so both follow the same
+reading of the servers.
 
 Sources followed (read through the code index; see wire-formats.md for the byte-exact findings):
 - vLLM `entrypoints/chat_utils.py` (`_parse_chat_message_content`, `_postprocess_messages`) and
@@ -20,7 +24,7 @@ import copy
 import json
 from typing import Any
 
-DIALECTS = ("vllm", "sglang")
+from dataclasses import dataclass
 
 
 class RequestError(ValueError):
@@ -70,11 +74,35 @@ def _decode_arguments(tool_calls: Any, where: str) -> list:
     return out
 
 
-def template_messages(messages: Any, dialect: str) -> list[dict]:
-    """The message dicts each server hands to the chat template."""
+@dataclass(frozen=True)
+class RenderRules:
+    """How one server prepares a chat request for the chat template."""
+    name: str
+    part_separator: str          # text content parts of one message are joined with this
+    null_content_as_empty: bool  # SGLang hands `content: null` to the template as ""
+    reasoning_aliases: tuple[str, ...]  # names an assistant turn's reasoning is passed under
+    tools_dropped_on_none: bool  # SGLang leaves tools out of the prompt with tool_choice "none"
+    whole_tool: bool             # vLLM passes {"type", "function": {...}}; SGLang the function only
+
+
+VLLM_RENDER = RenderRules("vllm", "\n", False, ("reasoning_content", "reasoning"), False, True)
+SGLANG_RENDER = RenderRules("sglang", " ", True, ("reasoning_content",), True, False)
+RENDER_RULES = {r.name: r for r in (VLLM_RENDER, SGLANG_RENDER)}
+
+
+def render_rules(dialect: str | None) -> RenderRules:
+    """The rules of a log row's `dialect` (a row that names none renders as vLLM does)."""
+    try:
+        return RENDER_RULES[dialect or "vllm"]
+    except KeyError:
+        raise ValueError(f"unknown server dialect {dialect!r} (known: {', '.join(RENDER_RULES)})") from None
+
+
+def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
+    """The message dicts the server hands to the chat template."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list")
-    sep = "\n" if dialect == "vllm" else " "
+    sep = rules.part_separator
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -87,7 +115,7 @@ def template_messages(messages: Any, dialect: str) -> list[dict]:
             raise RequestError(f"{where}.content is required for a user message")
         msg: dict[str, Any] = {"role": role}
         content = _join_parts(m.get("content"), sep, where)
-        msg["content"] = "" if content is None and dialect == "sglang" else content
+        msg["content"] = "" if content is None and rules.null_content_as_empty else content
         if m.get("tool_calls") is not None and role == "assistant":
             msg["tool_calls"] = _decode_arguments(m["tool_calls"], where)
         for key in ("tool_call_id", "name"):
@@ -95,9 +123,8 @@ def template_messages(messages: Any, dialect: str) -> list[dict]:
                 msg[key] = m[key]
         reasoning = m.get("reasoning_content", m.get("reasoning"))
         if role == "assistant" and reasoning is not None:
-            msg["reasoning_content"] = reasoning
-            if dialect == "vllm":
-                msg["reasoning"] = reasoning
+            for name in rules.reasoning_aliases:
+                msg[name] = reasoning
         out.append(msg)
     return out
 
@@ -114,12 +141,12 @@ def _check_tools(tools: Any) -> list[dict]:
     return tools
 
 
-def template_tools(tools: Any, tool_choice: Any, dialect: str) -> list[dict] | None:
-    """The tool dicts each server passes as `tools=` to the chat template (None = no tools)."""
+def template_tools(tools: Any, tool_choice: Any, rules: RenderRules) -> list[dict] | None:
+    """The tool dicts the server passes as `tools=` to the chat template (None = no tools)."""
     if tools is None:
         return None
     tools = _check_tools(tools)
-    if dialect == "vllm":
+    if rules.whole_tool:
         out = []
         for t in tools:
             fn = t["function"]
@@ -130,7 +157,7 @@ def template_tools(tools: Any, tool_choice: Any, dialect: str) -> list[dict] | N
                 d["defer_loading"] = t["defer_loading"]
             out.append(d)
         return out or None
-    if tool_choice == "none":
+    if tool_choice == "none" and rules.tools_dropped_on_none:
         return None
     if isinstance(tool_choice, dict):
         wanted = (tool_choice.get("function") or {}).get("name")
@@ -160,17 +187,21 @@ def template_kwargs(body: dict) -> dict:
     return {"add_generation_prompt": bool(agp), "continue_final_message": cont, **kw}
 
 
-def render_chat(tokenizer, body: dict, dialect: str) -> tuple[str, list[int]]:
-    """Rendered prompt text and its token ids for a chat request, as `dialect` renders it."""
-    msgs = template_messages(body.get("messages"), dialect)
-    tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), dialect)
+def render_text(tokenizer, body: dict, rules: RenderRules) -> str:
+    """The chat request rendered by the model's own template as the server renders it."""
+    msgs = template_messages(body.get("messages"), rules)
+    tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), rules)
     kw = template_kwargs(body)
     try:
-        text = tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
+        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
     except Exception as e:  # template errors (e.g. continue_final_message on a non-assistant turn)
         raise RequestError(f"chat template failed: {e}") from None
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return text, ids
+
+
+def render_chat(tokenizer, body: dict, rules: RenderRules) -> tuple[str, list[int]]:
+    """Rendered prompt text and its token ids for a chat request."""
+    text = render_text(tokenizer, body, rules)
+    return text, tokenizer.encode(text, add_special_tokens=False)
 
 
 def thinking_enabled(body: dict) -> bool:

@@ -7,7 +7,7 @@ generation_config > OpenAI defaults").
 from __future__ import annotations
 
 from .model import SamplingParams
-from .render import RequestError
+from polar_recon.chat_render import RequestError
 
 
 def _num(body: dict, key: str, kind=float, lo=None, hi=None):
