@@ -16,7 +16,8 @@ from .episodes import Episode, list_logs, read_calls
 from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
 from .prefix import common_prefix
 from .logtable import LogError
-from .shards import MANIFEST, list_shards
+from .shard_files import MANIFEST
+from .shards import list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
 
 

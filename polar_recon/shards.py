@@ -1,8 +1,8 @@
 """Shard files and the build manifest (the I/O edge of reconstruction).
 
-A shard is written to ``OUT/.shard-NNNNNN.parquet.tmp`` one row group at a time and renamed to
-``OUT/shard-NNNNNN.parquet`` only when complete, so a reader never sees a partial shard. The
-manifest ``OUT/.polar-recon-manifest.json`` (also written by rename) records the strategy and every
+The file names are the contract in shard_files.py. A shard is written to its temporary name one row
+group at a time and renamed only when complete, so a reader never sees a partial shard. The
+manifest (also written by rename) records the strategy and every
 episode already built; a crash between a shard's rename and the manifest's save is repaired on the
 next start by reading the ``episode_id`` column of shards the manifest does not know yet.
 """
@@ -18,11 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .shard_files import LOCK, MANIFEST, SHARD_RE, shard_name, shard_temp_name, temp_name
 from .strategies import Sequence
 
-SHARD_RE = re.compile(r"^shard-(\d{6,})\.parquet$")
-MANIFEST = ".polar-recon-manifest.json"
-LOCK = ".polar-recon.lock"
 
 SHARD_SCHEMA = pa.schema([
     pa.field("episode_id", pa.string()),
@@ -48,10 +46,6 @@ SHARD_SCHEMA = pa.schema([
 
 class ManifestError(Exception):
     pass
-
-
-def shard_name(n: int) -> str:
-    return f"shard-{n:06d}.parquet"
 
 
 def _list_array(arrays: list[np.ndarray], dtype) -> pa.Array:
@@ -99,7 +93,7 @@ class ShardWriter:
     def __init__(self, out: Path, number: int, compression: str = "zstd"):
         self.out, self.number = out, number
         self.path = out / shard_name(number)
-        self.tmp = out / f".{shard_name(number)}.tmp"
+        self.tmp = out / shard_temp_name(number)
         # Dictionary encoding and statistics only pay off on the small string columns; on token
         # lists they cost more time than the whole reconstruction.
         self._writer = pq.ParquetWriter(
@@ -227,7 +221,7 @@ class Manifest:
 
     def save(self) -> None:
         path = self.out / MANIFEST
-        tmp = self.out / (MANIFEST + ".tmp")
+        tmp = self.out / temp_name(MANIFEST)
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
                                    "episodes": self.episodes, "excluded": self.excluded}, sort_keys=True))
         os.replace(tmp, path)

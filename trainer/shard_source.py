@@ -1,6 +1,6 @@
 """Tail a shard directory for complete GRPO groups, in landing order, with a resumable cursor.
 
-The shard contract (polar-recon writes, the trainer reads): ``OUT/shard-NNNNNN.parquet``, NNNNNN a
+The shard contract (polar-recon writes, the trainer reads; names in polar_recon/shard_files.py): ``OUT/shard-NNNNNN.parquet``, NNNNNN a
 zero-padded sequence number given in landing order, each file written under a temporary name and
 renamed when complete, one row per training sequence (segment). Anything that does not match
 ``shard-<digits>.parquet`` exactly (``.shard-000001.parquet.tmp``, editor files) is ignored.
@@ -44,9 +44,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from polar_recon.shard_files import shard_seq
+
 log = logging.getLogger(__name__)
 
-SHARD_RE = re.compile(r"^shard-(\d+)\.parquet$")
 CURSOR_FILE = "polar_shard_cursor.json"
 
 # The columns the trainer needs; the full contract has more (strategy, n_realign, model, ...).
@@ -63,12 +64,6 @@ class ShardFormatError(ValueError):
 
 class NoShardsError(TimeoutError):
     """No complete group arrived within the wait timeout."""
-
-
-def shard_seq(name: str) -> int | None:
-    """Sequence number of a shard file name, None for anything else (temporary names included)."""
-    m = SHARD_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 def parse_version(v: Any) -> int | None:

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from polar_recon import EpisodeWriter
 from polar_recon.build import Options, build, watch
 from polar_recon.cli import main
-from polar_recon.shards import MANIFEST, SHARD_SCHEMA
+from polar_recon.shard_files import MANIFEST
+from polar_recon.shards import SHARD_SCHEMA
 
 from . import logs as L
 
