@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
