@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .episodes import EpisodeHead, list_logs, read_calls, read_head
 from .link import DEFAULT_TOKENIZER, TurnMarkers

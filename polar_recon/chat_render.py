@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
-
 from dataclasses import dataclass
+from typing import Any
 
 
 class RequestError(ValueError):

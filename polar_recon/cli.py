@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from .build import Options, Report, RewardsError, build as build_shards, load_rewards, watch as watch_shards
+from .build import Options, Report, RewardsError, load_rewards
+from .build import build as build_shards
+from .build import watch as watch_shards
 from .episodes import read_calls
 from .link import DEFAULT_TOKENIZER, TurnMarkers
 from .logtable import LogError
@@ -58,12 +60,12 @@ def _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, inc
     try:
         table = load_rewards(rewards) if rewards else None
     except (RewardsError, OSError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--rewards")
+        raise click.BadParameter(str(exc), param_hint="--rewards") from None
     try:
         return Options(strategy=strategy, rewards=table, group_by=group_by, shard_size=shard_size,
                        group_size=group_size, include_incomplete=include_incomplete, tokenizer=tokenizer)
     except ValueError as exc:
-        raise click.UsageError(str(exc))
+        raise click.UsageError(str(exc)) from None
 
 
 def _common(f):
@@ -95,7 +97,7 @@ def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, toke
     try:
         report = build_shards(logdir, out, opts, progress_factory=_tqdm)
     except (ManifestError, LogError) as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from None
     _echo_report(report)
     sys.exit(1 if report.errors else 0)
 
@@ -118,7 +120,7 @@ def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, toke
     except KeyboardInterrupt:
         return
     except (ManifestError, LogError) as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from None
     click.echo(f"watch done: {len(total.built)} episodes, {len(total.shards)} shards")
 
 
@@ -135,7 +137,7 @@ def inspect(episode, logdir, as_json, tokenizer):
     try:
         ep = read_calls(path)
     except LogError as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from None
     rows = inspect_rows(ep, TurnMarkers.load(tokenizer))
     discarded = ep.metadata.get("discard") is True
     if discarded:  # stderr: keeps --json output one object per call
@@ -199,7 +201,7 @@ def stats(out, as_json):
     try:
         s = shard_stats(out)
     except FileNotFoundError as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(s))
         return
@@ -227,7 +229,7 @@ def show(episode, html_path, logdir, tokenizer):
     try:
         ep = read_calls(path)
     except LogError as exc:
-        raise click.ClickException(str(exc))
+        raise click.ClickException(str(exc)) from None
     page = render_episode(ep, TurnMarkers.load(tokenizer), tokenizer)
     tmp = Path(html_path).with_name(Path(html_path).name + ".tmp")
     tmp.write_text(page, encoding="utf-8")

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .episode_ids import episode_id_of, is_log_file
-from .logtable import LogError, full_requests, read_table, unpack
 from .logschema import KIND_CALL, KIND_END, SCHEMA
+from .logtable import LogError, full_requests, read_table, unpack
 
 # Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).
 _SCALARS = ("call_index", "choice", "api", "dialect", "model", "status", "error", "stream", "t_start",

@@ -44,7 +44,7 @@ class TurnMarkers:
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
-    def load(tokenizer_dir: str | os.PathLike = DEFAULT_TOKENIZER) -> "TurnMarkers":
+    def load(tokenizer_dir: str | os.PathLike = DEFAULT_TOKENIZER) -> TurnMarkers:
         import json
 
         path = Path(tokenizer_dir) / "tokenizer.json"

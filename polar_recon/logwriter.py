@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -124,7 +125,8 @@ class EpisodeWriter:
             completions = calls.column("completion_ids").to_pylist()[start:]
             for j, (p, c) in enumerate(zip(prompts, completions)):
                 if p is not None:
-                    self._recent.append(_Recent(start + j, np.concatenate([p, np.asarray(c or [], dtype=np.int32)]).astype(np.int32)))
+                    seq = np.concatenate([p, np.asarray(c or [], dtype=np.int32)]).astype(np.int32)
+                    self._recent.append(_Recent(start + j, seq))
 
     def prepare_request(self, req: bytes | str) -> PreparedRequest:
         """The request's delta against the request the next row will be compared with, packed:

@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from .episodes import Episode, list_logs, read_calls
 from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
-from .prefix import common_prefix
 from .logtable import LogError
+from .prefix import common_prefix
 from .shard_files import MANIFEST
 from .shards import list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
-
 
 # ---------------------------------------------------------------------------------------------
 # inspect

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import pyarrow.parquet as pq
 
 from .shard_files import LOCK, MANIFEST, SHARD_RE, shard_name, shard_temp_name, temp_name
 from .strategies import Sequence
-
 
 SHARD_SCHEMA = pa.schema([
     pa.field("episode_id", pa.string()),
@@ -152,7 +150,7 @@ class Manifest:
     _dirty: bool = False
 
     @classmethod
-    def open(cls, out: str | os.PathLike, strategy: str) -> "Manifest":
+    def open(cls, out: str | os.PathLike, strategy: str) -> Manifest:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / MANIFEST

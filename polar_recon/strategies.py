@@ -143,7 +143,8 @@ class Retokenizer:
         except (RequestError, ValueError) as exc:
             raise ReconError(f"request cannot be rendered: {exc}") from exc
 
-    def sequence(self, text: str, sampled_turns: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def sequence(self, text: str, sampled_turns: list[tuple[np.ndarray, np.ndarray]]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokenize `text`; mask 1 on assistant turn bodies; logprobs by position in each turn,
         taken from the sampled turns in order (the last ones when the text has fewer turns)."""
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -193,7 +194,8 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         if not isinstance(request, dict):
             raise ReconError(f"{ep.path}: call {last.call_index}: no request recorded")
         request = as_chat_request(request, last.info.get("api"))
-        text = retok.render(request, last.info.get("dialect")) + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False)
+        text = (retok.render(request, last.info.get("dialect"))
+                + retok.tok.decode(last.completion.tolist(), skip_special_tokens=False))
         ids, mask, lps = retok.sequence(text, [(c.completion, c.logprobs) for c in calls])
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from polar_recon import logwriter
 from polar_recon.ipcrow import EOS, RowEncoder, schema_message
 from polar_recon.logreader import read_log
+from polar_recon.logschema import SCHEMA
 from polar_recon.logtable import read_batches
 from polar_recon.logwriter import EpisodeWriter
-from polar_recon.logschema import SCHEMA
 
 ENC = RowEncoder(SCHEMA)
 

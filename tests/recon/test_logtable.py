@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from polar_recon.logreader import read_log
+from polar_recon.logschema import KIND_CALL
 from polar_recon.logtable import full_prompt_arrays, full_requests, read_batches, read_table, unpack
 from polar_recon.logwriter import EpisodeWriter
-from polar_recon.logschema import KIND_CALL
 
 
 def test_public_reader_matches_read_log(tmp_path):

@@ -45,7 +45,8 @@ MAX_EXAMPLES = int(os.environ.get("POLAR_PROPERTY_EXAMPLES", "40"))
          steps=[("tool", "", "", 0, False, "ok"), ("tool", "Think.", "", 0, False, "ok"), ("tool", "", "", 0, False, "ok"),
                 ("user", "Next, please.")],
          final=("", "Let me check."))
-@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=MAX_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(harness=st.sampled_from(sorted(L.HARNESSES)), thinking=st.booleans(), steps=st.lists(step, min_size=1, max_size=7),
        final=st.tuples(st.sampled_from(REASONING), st.sampled_from(CONTENT[2:])))
 def test_random_conversations_are_token_faithful(tmp_path_factory, harness, thinking, steps, final):
