@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,11 +270,3 @@ def request_temperature(request: str | None) -> float | None:
         return None
     t = body.get("temperature") if isinstance(body, dict) else None
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
-
-
-def iter_heads(paths: list[Path]) -> Iterator[tuple[Path, EpisodeHead | LogError]]:
-    for p in paths:
-        try:
-            yield p, read_head(p)
-        except LogError as exc:
-            yield p, exc

@@ -66,10 +66,3 @@ def read_episode(path: str | os.PathLike) -> EpisodeLog:
 def read_log(path: str | os.PathLike) -> pl.DataFrame:
     """The calls of one episode log as a polars DataFrame with full ``prompt_ids``."""
     return read_episode(path).calls
-
-
-def is_finished(path: str | os.PathLike) -> bool:
-    try:
-        return read_episode(path).finished
-    except LogError:
-        return False

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 SHARD_RE = re.compile(r"^shard-(\d{6,})\.parquet$")
-SHARD_GLOB = "shard-*.parquet"
+SHARD_GLOB = "shard-*.parquet"  # for readers that glob (polars, datasets): matches only complete shards
+SHARD_TEMP_GLOB = ".shard-*.parquet.tmp"
 MANIFEST = ".polar-recon-manifest.json"
 LOCK = ".polar-recon.lock"
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .shard_files import LOCK, MANIFEST, SHARD_RE, shard_name, shard_temp_name, temp_name
+from .shard_files import LOCK, MANIFEST, SHARD_RE, SHARD_TEMP_GLOB, shard_name, shard_temp_name, temp_name
 from .strategies import Sequence
 
 SHARD_SCHEMA = pa.schema([
@@ -167,7 +167,7 @@ class Manifest:
             if built_with != strategy:
                 raise ManifestError(f"{out} holds shards built with strategy {built_with!r}, not {strategy!r}: use another OUT")
         m._adopt_unrecorded_shards()
-        for stale in out.glob(".shard-*.parquet.tmp"):  # a build killed mid-shard: never visible, drop it
+        for stale in out.glob(SHARD_TEMP_GLOB):  # a build killed mid-shard: never visible, drop it
             stale.unlink(missing_ok=True)
         return m
 
