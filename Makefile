@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 HARNESSES := pi qwen-code codex claude-code mini-swe-agent aider
 
-.PHONY: install sysdeps harnesses test demo bench clean
+.PHONY: install sysdeps harnesses lint test demo bench clean
 
 install: $(STAMP)
 
@@ -26,8 +26,12 @@ sysdeps:
 harnesses: install sysdeps
 	for h in $(HARNESSES); do $(VENV)/bin/polar-rollout install $$h || exit 1; done
 
-# The whole suite, with a quiet dockerd (no bridge) for the docker runtime tests.
-test: install sysdeps harnesses
+# The lint rules of ruff.toml over the whole tree (a small, explicit rule set).
+lint: install
+	$(VENV)/bin/ruff check .
+
+# Lint, then the whole suite, with a quiet dockerd (no bridge) for the docker runtime tests.
+test: install sysdeps harnesses lint
 	bash .ci/with-dockerd.sh $(VENV)/bin/python -m pytest -q tests
 
 demo: install sysdeps
