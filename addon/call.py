@@ -29,10 +29,6 @@ _OWN_PROMPT_FLAGS = frozenset({"return_token_ids", "return_prompt_token_ids", "r
 UNPARSED = object()  # a request read through jsonhead: parsed whole only if the log needs it
 
 
-class BadRequest(Exception):
-    """A request body the proxy cannot rewrite; passed through, recorded as the row's error."""
-
-
 def add_fields(raw: bytes, body: dict, added: dict[str, Any]) -> bytes:
     """The body with ``added`` set. When none of the keys is present the fields are spliced in
     before the final ``}`` (no re-serialization of an 80 KB body); otherwise re-serialize."""
@@ -89,7 +85,9 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 @dataclass
-class Call:
+class CapturedCall:
+    """One model call the proxy is capturing: what the hooks learned so far, until its rows are
+    written (the proxy keeps it in ``flow.metadata``)."""
     episode_id: str
     call_index: int
     api: str  # chat | completions | responses | messages
@@ -122,15 +120,11 @@ class Call:
     def drop_trash(self) -> None:
         self.trash = []
 
-    @property
-    def module(self):
-        return API_MODULES[self.api]
-
 
 _HEAD_KEYS = frozenset((*REQUEST_KEYS, "model"))
 
 
-def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
+def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     """Parse and rewrite the request. Returns the body to send upstream, or None to pass the
     harness's request through untouched (bad JSON: the server answers it as it would directly)."""
     head = request_head(raw, _HEAD_KEYS) if call.translator is None else None
@@ -162,8 +156,8 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     call.model = body.get("model") if isinstance(body.get("model"), str) else None
     if call.translator is not None:
         chat_body = call.translator.request_to_chat(body, headers)
-        call.notes.extend(getattr(call.translator, "notes", []) or [])
-        call.auxiliary = bool(getattr(call.translator, "auxiliary", False))
+        call.notes.extend(call.translator.notes)
+        call.auxiliary = bool(call.translator.auxiliary)
         call.plan = plan_request("chat", call.dialect, chat_body)
         call.stream = call.plan.stream
         return dumps_like_python({**chat_body, **call.plan.added})
@@ -172,7 +166,7 @@ def prepare(call: Call, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     return add_fields(raw, body, call.plan.added)
 
 
-def finish_request_text(call: Call) -> None:
+def finish_request_text(call: CapturedCall) -> None:
     """The request text for the log (secrets redacted), if prepare() left it to later."""
     if call.pending_request is not None:
         raw, body = call.pending_request
@@ -182,7 +176,7 @@ def finish_request_text(call: Call) -> None:
                                              (lambda r: cache.has_secret(call.episode_id, r)), call.secrets)
 
 
-def start_response(call: Call, status: int, content_type: str) -> Any:
+def start_response(call: CapturedCall, status: int, content_type: str) -> Any:
     """At the response headers: the stream transform to install, or None (read whole body)."""
     call.status = status
     call.t_first_byte = time.time()
@@ -199,7 +193,7 @@ def start_response(call: Call, status: int, content_type: str) -> Any:
     return call.transform
 
 
-def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
+def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     """A whole (non-streamed) response: returns the bytes for the harness, or None if unchanged."""
     call.status = status
     if call.t_first_byte is None:
@@ -246,7 +240,7 @@ def finish_body(call: Call, status: int, body: bytes) -> bytes | None:
     return None
 
 
-def finish_stream(call: Call, error: str | None = None) -> None:
+def finish_stream(call: CapturedCall, error: str | None = None) -> None:
     """The stream ended (completely, or with ``error``)."""
     t = call.transform
     if t is None:
@@ -262,7 +256,7 @@ def finish_stream(call: Call, error: str | None = None) -> None:
     call.transform = None
 
 
-def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
+def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
     """The log rows of a finished call: one per choice (one with no ids if nothing came back)."""
     finish_request_text(call)
     errors = list(call.errors)
@@ -302,7 +296,7 @@ def rows(call: Call, t_end: float, error: str | None = None) -> list[dict[str, A
 WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 
-def weight_version(call: Call, notes: list[str]) -> str | None:
+def weight_version(call: CapturedCall, notes: list[str]) -> str | None:
     """The policy version that generated this call. SGLang's ``meta_info.weight_version`` is per
     request, so it wins; polar-serve's header is the fallback (vLLM has no per-request version).
     A disagreement (a reload between generation and headers) is noted, never silently merged."""

@@ -110,9 +110,3 @@ class Assembler(assemble.Assembler):
             msg[k] = "".join(parts)
         c["message"] = msg
         return c
-
-
-def text_of(choice_obj: dict) -> str:
-    """The generated text of one reassembled / non-stream choice (content + reasoning)."""
-    msg = choice_obj.get("message") or {}
-    return "".join(str(msg.get(k) or "") for k in ("reasoning", "reasoning_content", "content"))

@@ -58,7 +58,3 @@ class Assembler(assemble.Assembler):
 
     def end_choice(self, c: dict[str, Any]) -> dict[str, Any]:
         return {**c, "text": "".join(c["text"])}
-
-
-def text_of(choice_obj: dict) -> str:
-    return str(choice_obj.get("text") or "")

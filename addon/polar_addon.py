@@ -9,35 +9,29 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 import urllib.parse
 import urllib.request
 
 try:
     import addon  # noqa: F401
-except ImportError:  # loaded by path (mitmdump -s) from outside an install: use the checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+except ImportError as exc:  # loaded by path (mitmdump -s) in a Python where the project is not installed
+    raise ImportError(
+        f"polar: the capture addon's package (`addon`) is not installed in the Python that runs mitmdump "
+        f"({exc}). Install the project into mitmdump's environment, e.g. `pip install -e <polar checkout>` "
+        f"with that environment's pip, then run `mitmdump -s $(python -m addon) ...`.") from exc
 
 from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
-from addon.dispatch import FastDispatch
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
+from addon.mitmproxy_patches import FastDispatch, Tuning
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
-from addon.tuning import Tuning
+from addon.translate import TranslationError, translator_for
 from polar_recon.logwriter import warm_up
-
-try:
-    from addon.translate import TranslationError, translator_for
-except ImportError:  # the Responses/Messages translators are optional: without them, pass through
-    translator_for = None
-
-    class TranslationError(ValueError):  # type: ignore[no-redef]
-        pass
 
 log = logging.getLogger("polar")
 META = "polar_call"
@@ -140,7 +134,7 @@ class PolarAddon:
         translator = None
         api = api_of(req.method, path)
         if not path.startswith(PREFIX) and api is None:
-            translator = translator_for(req.method, path) if translator_for else None
+            translator = translator_for(req.method, path)
             if translator is None:
                 self._redirect(flow)
                 return  # not a model call: pass through untouched, not logged
@@ -157,7 +151,7 @@ class PolarAddon:
             req.path = path = r.path
             api = api_of(req.method, path)
             if api is None:
-                translator = translator_for(req.method, path) if translator_for else None
+                translator = translator_for(req.method, path)
         model_call = api is not None or translator is not None
         self._redirect(flow, model_call)
         if not model_call:
@@ -172,7 +166,7 @@ class PolarAddon:
             return
         try:
             dialect = await self._dialect(flow)
-            c = calls.Call(r.episode_id, call_index, api, dialect, t_start, b"")
+            c = calls.CapturedCall(r.episode_id, call_index, api, dialect, t_start, b"")
             c.translator = translator
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
@@ -187,7 +181,7 @@ class PolarAddon:
         else:
             self._write(c)
 
-    def _prepare(self, flow: http.HTTPFlow, c: calls.Call, heads: dict[str, str]) -> bool:
+    def _prepare(self, flow: http.HTTPFlow, c: calls.CapturedCall, heads: dict[str, str]) -> bool:
         """Rewrite the request; False when the proxy answered it itself (the row is final)."""
         req = flow.request
         encoded = heads.get("content-encoding", "identity").lower() not in ("", "identity")
@@ -210,7 +204,7 @@ class PolarAddon:
             msg = f"polar proxy could not translate this request: {type(exc).__name__}: {exc}"
             c.errors.append(msg)
             c.status = 500
-            if c.translator is not None and hasattr(c.translator, "error_body"):
+            if c.translator is not None:
                 body, ctype = c.translator.error_body(500, msg)
                 flow.response = http.Response.make(500, body, {"content-type": ctype})
             else:
@@ -229,7 +223,7 @@ class PolarAddon:
             req.headers["accept-encoding"] = "identity"
         return True
 
-    def _after_send(self, c: calls.Call) -> None:
+    def _after_send(self, c: calls.CapturedCall) -> None:
         """The request's log text (secret scan), then its delta against the episode's previous
         request, packed: both off the answer's path (an episode's first call packs ~80 KB)."""
         try:
@@ -303,7 +297,7 @@ class PolarAddon:
         flow.response = _json_response(200, {"episode_id": episode_id, "calls": n, "reward": reward, "ended": True})
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        c: calls.Call | None = flow.metadata.get(META)
+        c: calls.CapturedCall | None = flow.metadata.get(META)
         if c is None or flow.response is None:
             return
         c.header_weight_version = flow.response.headers.get(calls.WEIGHT_VERSION_HEADER)
@@ -313,7 +307,7 @@ class PolarAddon:
             flow.response.headers.pop("content-length", None)  # the filter changes the length
 
     def response(self, flow: http.HTTPFlow) -> None:
-        c: calls.Call | None = flow.metadata.pop(META, None)
+        c: calls.CapturedCall | None = flow.metadata.pop(META, None)
         if c is None:
             return
         resp = flow.response
@@ -334,7 +328,7 @@ class PolarAddon:
             asyncio.get_running_loop().call_soon(c.drop_trash)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        c: calls.Call | None = flow.metadata.pop(META, None)
+        c: calls.CapturedCall | None = flow.metadata.pop(META, None)
         if c is None:
             return
         msg = flow.error.msg if flow.error else "unknown error"
@@ -342,7 +336,7 @@ class PolarAddon:
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
-    def _write(self, c: calls.Call, error: str | None = None) -> None:
+    def _write(self, c: calls.CapturedCall, error: str | None = None) -> None:
         try:
             rows = calls.rows(c, time.time(), error)
             w = self.episodes.writer(c.episode_id)

@@ -45,7 +45,7 @@ def test_translator_notes_from_finish_reach_the_row():
     from addon import call as calls
     from addon.translate import translator_for
 
-    c = calls.Call("e", 0, "responses", "vllm", 0.0, b"")
+    c = calls.CapturedCall("e", 0, "responses", "vllm", 0.0, b"")
     c.translator = translator_for("POST", "/v1/responses")
     raw = json.dumps({"model": "m", "input": "hi", "stream": True}).encode()
     assert calls.prepare(c, raw, {}) is not None
@@ -107,7 +107,7 @@ def test_plan_request_reads_only_request_keys():
 
 def _prepared(raw, api, dialect, fast, monkeypatch):
     monkeypatch.setattr(jsonhead, "_simdjson", jsonhead._simdjson if fast else None)
-    c = calls.Call("e", 0, api, dialect, 0.0, b"")
+    c = calls.CapturedCall("e", 0, api, dialect, 0.0, b"")
     out = calls.prepare(c, raw, {})
     calls.finish_request_text(c)
     return out, c
@@ -132,7 +132,7 @@ def test_top_level_read_rewrites_exactly_as_the_full_parse(body, api, dialect, s
 
 def test_secret_in_a_request_read_through_the_fast_path_is_redacted():
     raw = json.dumps({"model": "m", "messages": [], "api_key": "sk-123"}).encode()
-    c = calls.Call("e", 0, "chat", "vllm", 0.0, b"")
+    c = calls.CapturedCall("e", 0, "chat", "vllm", 0.0, b"")
     calls.prepare(c, raw, {})
     calls.finish_request_text(c)
     assert b"sk-123" not in c.request_text and b"[redacted]" in c.request_text
@@ -144,7 +144,7 @@ def test_secret_echoed_by_the_server_is_scrubbed_from_the_row():
     secret = "sk-live-0123456789abcdef"
     for raw in (json.dumps({"model": "m", "messages": "oops", "api_key": secret}).encode(),  # valid JSON
                 b'{"model": "m", "api_key": "' + secret.encode() + b'", "messages": [}'):  # not JSON
-        c = calls.Call("e", 0, "chat", "vllm", 0.0, b"")
+        c = calls.CapturedCall("e", 0, "chat", "vllm", 0.0, b"")
         calls.prepare(c, raw, {})
         echo = json.dumps({"object": "error", "message": f"[{{'type': 'list_type', 'input': {raw.decode()!r}}}]"})
         calls.finish_body(c, 400, echo.encode())

@@ -105,7 +105,7 @@ def test_finish_body_with_cache_logs_the_same_ids(api, dialect):
     cache = PromptCache()
     outs = []
     for use in (None, cache, cache):
-        c = calls.Call("e", 0, api, dialect, 0.0, b"")
+        c = calls.CapturedCall("e", 0, api, dialect, 0.0, b"")
         c.plan = plan_request(api, dialect, {})
         c.prompt_cache = use
         out = calls.finish_body(c, 200, raw)
@@ -178,7 +178,7 @@ def test_harness_that_asks_for_sglext_input_ids_gets_them_as_json_with_a_warm_ca
     ids = list(range(300000, 304000))
     cache = PromptCache()
     for turn in range(2):
-        c = calls.Call("e", turn, "chat", "sglang", 0.0, b"")
+        c = calls.CapturedCall("e", turn, "chat", "sglang", 0.0, b"")
         c.prompt_cache = cache
         calls.prepare(c, json.dumps({"messages": [], "stream": True, "return_input_ids_in_sglext": True}).encode(), {})
         t = calls.start_response(c, 200, "text/event-stream")

@@ -1,11 +1,15 @@
-"""addon/dispatch.py: the fast dispatch makes exactly mitmproxy's calls, in mitmproxy's order,
-with mitmproxy's error handling. Random addon chains run through a stock AddonManager and a
-fast one side by side; every hook call, every awaited coroutine and every error log line must
-match."""
+"""addon/mitmproxy_patches.py.
+
+The fast dispatch makes exactly mitmproxy's calls, in mitmproxy's order, with mitmproxy's error
+handling: random addon chains run through a stock AddonManager and a fast one side by side; every
+hook call, every awaited coroutine and every error log line must match. The listen backlog is
+raised in place on mitmproxy's own sockets. A patch whose mitmproxy internals are missing, or
+that runs on another mitmproxy, is skipped with a warning: never silently, never a crash."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import types
 
 import pytest
@@ -17,7 +21,7 @@ from mitmproxy.master import Master
 from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.test import tflow
 
-from addon import dispatch
+from addon import mitmproxy_patches as patches
 
 # what an addon does when it gets an event
 BEHAVIOURS = ("absent", "sync", "async", "returns_awaitable", "raises", "halts", "not_callable", "module")
@@ -107,7 +111,7 @@ async def run_chain(chain_specs, fast: bool):
     try:
         m = new_master()
         if fast:
-            assert dispatch.install(m.addons)
+            assert patches.install_fast_dispatch(m.addons)
         # (chain set directly: AddonManager.add would also deliver load/configure events)
         m.addons.chain = [make_addon(s, calls) for s in chain_specs]
         f = tflow.tflow(resp=True)
@@ -140,7 +144,7 @@ def test_options_error_propagates_in_both():
     async def go(fast):
         m = new_master()
         if fast:
-            dispatch.install(m.addons)
+            patches.install_fast_dispatch(m.addons)
         m.addons.chain = [Bad()]
         await m.addons.handle_lifecycle(HttpRequestHook(tflow.tflow()))
 
@@ -152,7 +156,7 @@ def test_options_error_propagates_in_both():
 def test_the_chain_is_read_at_every_event_and_uninstall_restores_mitmproxys_methods():
     async def go():
         m = new_master()
-        assert dispatch.install(m.addons) and dispatch.install(m.addons)  # idempotent
+        assert patches.install_fast_dispatch(m.addons) and patches.install_fast_dispatch(m.addons)  # idempotent
         seen = []
 
         class A:
@@ -163,8 +167,8 @@ def test_the_chain_is_read_at_every_event_and_uninstall_restores_mitmproxys_meth
         m.addons.chain.append(A())  # an addon added later is reached (nothing cached)
         await m.addons.handle_lifecycle(HttpRequestHook(tflow.tflow()))
         assert seen == ["A", "A", "A"]
-        dispatch.uninstall(m.addons)
-        assert not dispatch.install(m.addons, mitmproxy_at="12.1.0")  # another mitmproxy keeps its own
+        patches.uninstall_fast_dispatch(m.addons)
+        assert not patches.install_fast_dispatch(m.addons, mitmproxy_at="12.1.0")  # another mitmproxy keeps its own
         assert "trigger_event" not in vars(m.addons)
         assert "trigger_event" not in vars(m.addons) and "trigger" not in vars(m.addons)
         assert m.addons.trigger_event.__func__ is type(m.addons).trigger_event
@@ -189,3 +193,126 @@ def test_mitmdump_with_the_addon_serves_through_the_fast_dispatch_and_can_turn_i
         text = px.log.read_text()  # (read once mitmdump has exited: its output is block-buffered)
         assert ("polar: fast addon dispatch on" in text) == (setting == "true"), text[-2000:]
         assert (logs / "d.arrow").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# a patch that cannot apply: a warning, mitmproxy left as it is, no crash
+
+
+def test_fast_dispatch_on_another_mitmproxy_or_without_its_attributes_warns_and_changes_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="polar")
+
+    class OldManager:  # an AddonManager without the methods the patch replaces
+        chain: list = []
+
+    m = OldManager()
+    assert not patches.install_fast_dispatch(m)
+    assert vars(m) == {}
+    assert "fast dispatch patch (polar_fast_dispatch) skipped: the AddonManager has no trigger_event, trigger" \
+        in caplog.text
+    caplog.clear()
+
+    async def go():
+        manager = new_master().addons
+        assert not patches.install_fast_dispatch(manager, mitmproxy_at="12.1.0")
+        assert "trigger_event" not in vars(manager)
+    asyncio.run(go())
+    assert "this is mitmproxy 12.1.0" in caplog.text and "skipped" in caplog.text
+
+
+def test_listen_backlog_without_mitmproxys_private_servers_list_warns_and_changes_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="polar")
+
+    class Instance:  # a server instance whose asyncio servers are not where 11.0.x keeps them
+        listen_addrs = [("127.0.0.1", 1)]
+
+    class ProxyServer:
+        servers = [Instance()]
+
+    assert patches.raise_listen_backlog(ProxyServer(), 1024) == []
+    assert "listen backlog patch (polar_listen_backlog) skipped: server instance Instance has no _servers" \
+        in caplog.text
+    caplog.clear()
+    assert patches.raise_listen_backlog(object(), 1024) == []
+    assert "the proxyserver addon has no servers" in caplog.text
+    caplog.clear()
+    assert patches.raise_listen_backlog(None, 1024) == []
+    assert "mitmproxy has no proxyserver addon" in caplog.text
+    caplog.clear()
+    assert patches.raise_listen_backlog(ProxyServer(), 1024, mitmproxy_at="12.1.0") == []
+    assert "this is mitmproxy 12.1.0" in caplog.text
+
+
+def test_listen_backlog_reaches_the_sockets_of_mitmproxy_11s_server_instances():
+    from mitmproxy.proxy.mode_servers import AsyncioServerInstance
+
+    assert "_servers" in AsyncioServerInstance.__annotations__  # the private attribute the patch reads
+
+    class Server:
+        def __init__(self, sock):
+            self.sockets = [sock]
+
+    class Instance:
+        def __init__(self, sock):
+            self._servers = [Server(sock)]
+
+    class ProxyServer:
+        def __init__(self, sock):
+            self.servers = [Instance(sock)]
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        assert patches.raise_listen_backlog(ProxyServer(srv), 64) == [srv]
+
+
+# ---------------------------------------------------------------------------------------------
+# listen backlog
+
+
+def _connects(port: int, n: int, timeout: float = 0.3) -> int:
+    """How many of n connections complete their handshake while nobody calls accept()."""
+    ok, socks = 0, []
+    try:
+        for _ in range(n):
+            c = socket.socket()
+            c.settimeout(timeout)
+            socks.append(c)
+            try:
+                c.connect(("127.0.0.1", port))
+                ok += 1
+            except (socket.timeout, OSError):
+                pass
+    finally:
+        for c in socks:
+            c.close()
+    return ok
+
+
+def test_set_backlog_raises_the_accept_queue_of_a_listening_socket():
+    # control: a queue of 1 holds two handshakes, the third SYN is dropped (connect times out)
+    with socket.socket() as small:
+        small.bind(("127.0.0.1", 0))
+        small.listen(1)
+        assert _connects(small.getsockname()[1], 6) < 6
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        assert patches.set_backlog(srv, 64)
+        assert _connects(srv.getsockname()[1], 20) == 20
+        # still the same listening socket: it accepts
+        c = socket.create_connection(srv.getsockname(), timeout=1)
+        conn, _ = srv.accept()
+        conn.close()
+        c.close()
+
+
+def test_mitmdump_with_the_addon_listens_with_the_raised_backlog(tmp_path):
+    from tests.addon.procs import fake_backend, mitmdump
+
+    with fake_backend(tmp_path) as be, mitmdump(tmp_path, tmp_path / "logs", upstream=be.url,
+                                                quiet=False) as px:
+        pass
+    text = px.log.read_text()  # (mitmdump's output is block-buffered: read once it has exited)
+    assert f"polar: listen backlog 1024 on 127.0.0.1:{px.port}" in text, text[-2000:]
+    assert "skipped" not in text, text[-2000:]  # every patch applies on the pinned mitmproxy
