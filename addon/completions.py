@@ -20,7 +20,7 @@ def extract(cap: CallCapture, obj: dict) -> None:
         acc = cap.choice(ch.get("index", 0))
         pids = ch.get("prompt_token_ids")
         if isinstance(pids, list):
-            acc.prompt = _arr(pids)
+            acc.prompt = array("i", pids)
         elif isinstance(pids, array):  # parsed by idlists.PromptCache
             acc.prompt = pids
         if "token_ids" in ch:
@@ -30,12 +30,6 @@ def extract(cap: CallCapture, obj: dict) -> None:
             acc.add_lps(lp["token_logprobs"])
         if ch.get("finish_reason") is not None:
             acc.finish = ch["finish_reason"]
-
-
-def _arr(ids: list):
-    from array import array
-
-    return array("i", ids)
 
 
 class Assembler(assemble.Assembler):

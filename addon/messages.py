@@ -14,11 +14,22 @@ empty, and the two servers join parts differently), inline system messages stay 
 from __future__ import annotations
 
 import json
-from typing import Mapping
 
 from addon.translate_common import (
-    ChatStreamReader, TranslationError, chunk_error, dumps, join_notes, matched_stop,
-    message_reasoning, new_id, reasoning_effort, sse, stream_options, upstream_error_message,
+    ChatTranslator,
+    TranslationError,
+    copy_set_fields,
+    dumps,
+    first_choice,
+    forced_tool,
+    function_tool,
+    join_notes,
+    matched_stop,
+    message_reasoning,
+    new_id,
+    prompt_len,
+    reasoning_effort,
+    sse,
     usage_counts,
 )
 
@@ -205,11 +216,8 @@ def convert_tools(body: dict, notes: list[str]) -> list[dict]:
             continue
         if "cache_control" in t:
             join_notes(notes, "cache_control dropped before templating")
-        fn = {"name": t.get("name"), "description": t.get("description", ""),
-              "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}
-        if t.get("strict") is not None:
-            fn["strict"] = t["strict"]
-        tools.append({"type": "function", "function": fn})
+        tools.append(function_tool(t.get("name"), t.get("description", ""), t.get("input_schema"),
+                                   t.get("strict")))
     return tools
 
 
@@ -224,7 +232,7 @@ def convert_tool_choice(choice, chat: dict) -> None:
     elif kind == "none":
         chat["tool_choice"] = "none"
     elif kind == "tool":
-        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        chat["tool_choice"] = forced_tool(choice.get("name"))
     else:
         raise TranslationError(f"tool_choice: unknown type {kind!r}")
     if choice.get("disable_parallel_tool_use"):
@@ -238,29 +246,25 @@ def _json_schema(body: dict):
     return None
 
 
-class MessagesTranslator:
+class MessagesTranslator(ChatTranslator):
     api = "messages"
+    DROPPED = DROPPED
+    KNOWN = frozenset({"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences",
+                       "stream", "thinking", "metadata", "output_config", "output_format", *PASS_THROUGH,
+                       *DROPPED})
 
     def __init__(self, normalize: bool = True) -> None:
-        self.normalize = normalize
-        self.notes: list[str] = []
-        self.auxiliary = False
-        self.metadata: dict | None = None
+        super().__init__(normalize)
         self.model = ""
         self.stop_sequences: list[str] = []
-        self._reader = ChatStreamReader()
-        self._started = False
         self._block = -1            # index of the open content block, -1 when none
         self._kind = ""             # kind of the open block: thinking | text | tool
         self._prefix = b""          # SSE bytes before the delta text of the open block
         self._tool_blocks: dict[int, int] = {}  # upstream tool index -> content block index
         self._msg_id = new_id("msg")
-        self._finished = False
 
     # ---- request ----
-    def request_to_chat(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
-        if not isinstance(body, dict):
-            raise TranslationError("request body must be a JSON object")
+    def _to_chat(self, body: dict) -> dict:
         notes = self.notes
         self.model = body.get("model") or ""
         chat: dict = {"model": self.model,
@@ -276,9 +280,7 @@ class MessagesTranslator:
         if stops:
             self.stop_sequences = list(stops)
             chat["stop"] = self.stop_sequences
-        for key in PASS_THROUGH:
-            if body.get(key) is not None:
-                chat[key] = body[key]
+        copy_set_fields(body, chat, PASS_THROUGH)
         self._thinking(body, chat)
         if chat["messages"][-1]["role"] == "assistant":
             # Anthropic prefill: the answer continues the last assistant turn.
@@ -289,21 +291,10 @@ class MessagesTranslator:
         if schema is not None:
             chat["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": schema}}
-        if self.normalize and schema is not None and not tools:
-            self.auxiliary = True  # Claude Code's session-title call: no tools, a JSON schema
-            join_notes(notes, "auxiliary call (no tools, JSON output schema): not agent trajectory")
+        self._auxiliary_if(schema is not None, tools)  # Claude Code's session-title call
         if "metadata" in body:
             self.metadata = body.get("metadata")
             join_notes(notes, "metadata recorded, not forwarded")
-        for key in DROPPED:
-            if key in body:
-                join_notes(notes, f"dropped {key} (no chat equivalent)")
-        known = {"model", "messages", "system", "max_tokens", "tools", "tool_choice",
-                 "stop_sequences", "stream", "thinking", "metadata", "output_config",
-                 "output_format", *PASS_THROUGH, *DROPPED}
-        for key in body.keys() - known:
-            join_notes(notes, f"dropped unknown field {key}")
-        stream_options(chat, body.get("stream", False))
         return chat
 
     def _thinking(self, body: dict, chat: dict) -> None:
@@ -327,14 +318,9 @@ class MessagesTranslator:
         return dumps({"type": "error", "error": {"type": kind, "message": message}}), \
             "application/json"
 
-    def error_from_chat(self, status: int, body: bytes) -> tuple[int, bytes, str]:
-        data, ctype = self.error_body(status, upstream_error_message(body))
-        return status, data, ctype
-
     # ---- non-streaming answer ----
     def response_from_chat(self, chat_resp: dict) -> dict:
-        choice = (chat_resp.get("choices") or [{}])[0]
-        msg = choice.get("message") or {}
+        choice, msg = first_choice(chat_resp)
         content: list[dict] = []
         reasoning = message_reasoning(msg)
         if reasoning:
@@ -346,7 +332,7 @@ class MessagesTranslator:
             fn = call.get("function") or {}
             content.append({"type": "tool_use", "id": new_id("toolu"), "name": fn.get("name"),
                             "input": _parse_args(fn.get("arguments"), self.notes)})
-        counts = usage_counts(chat_resp.get("usage"), _prompt_len(chat_resp))
+        counts = usage_counts(chat_resp.get("usage"), prompt_len(chat_resp))
         reason, stop_seq = self._stop(choice.get("finish_reason"), matched_stop(choice),
                                       bool(msg.get("tool_calls")))
         return {"id": self._msg_id, "type": "message", "role": "assistant", "model": self.model,
@@ -370,29 +356,15 @@ class MessagesTranslator:
         # the template, so the signature only has to be present and recognisable.
         return "polar-unsigned-" + self._msg_id
 
-    # ---- streaming answer ----
-    def feed_chunk(self, chunk: dict) -> bytes:
-        if self._finished:
-            return b""
-        error = chunk_error(chunk)
-        if error is not None:
-            return self.fail(error)
-        out = []
-        steps = self._reader.read(chunk)  # first: it may carry the prompt ids for message_start
-        if not self._started:
-            self._started = True
-            out.append(self._message_start())
-        for step in steps:
-            self._step(step, out)
-        return b"".join(out)
-
-    def _message_start(self) -> bytes:
+    # ---- streaming answer (ChatTranslator.feed_chunk / finish) ----
+    def _start(self, out: list) -> None:
+        self._started = True
         counts = usage_counts(self._reader.usage, self._reader.prompt_len)
         usage = self._usage(counts)
         usage["output_tokens"] = 0
-        return sse("message_start", {"type": "message_start", "message": {
+        out.append(sse("message_start", {"type": "message_start", "message": {
             "id": self._msg_id, "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}))
 
     def _step(self, step: tuple, out: list) -> None:
         kind = step[0]
@@ -438,16 +410,7 @@ class MessagesTranslator:
         out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self._block}))
         self._kind = ""
 
-    def finish(self) -> bytes:
-        if self._finished:
-            return b""
-        if self._reader.finish_reason == "abort":  # SGLang: the server gave up on the request
-            return self.fail("upstream aborted the generation (finish_reason abort)")
-        self._finished = True
-        out = [] if self._started else [self._message_start()]
-        self._started = True
-        for idx in self._reader.unfinished_tools():
-            join_notes(self.notes, f"upstream tool call {idx} never named its function (dropped)")
+    def _end(self, out: list) -> None:
         self._close(out)
         reason, stop_seq = self._stop(self._reader.finish_reason, self._reader.stop,
                                       bool(self._tool_blocks))
@@ -456,18 +419,10 @@ class MessagesTranslator:
                                          "delta": {"stop_reason": reason, "stop_sequence": stop_seq},
                                          "usage": self._usage(counts)}))
         out.append(sse("message_stop", {"type": "message_stop"}))
-        return b"".join(out)
 
     def fail(self, message: str) -> bytes:
         self._finished = True
         return sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
-
-
-def _prompt_len(chat_resp: dict) -> int | None:
-    ids = chat_resp.get("prompt_token_ids")
-    if ids is None:
-        ids = ((chat_resp.get("choices") or [{}])[0]).get("prompt_token_ids")
-    return len(ids) if isinstance(ids, list) else None
 
 
 def _parse_args(arguments, notes: list[str]) -> dict:

@@ -27,19 +27,32 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from typing import Mapping
 
 from addon.translate_common import (
-    ChatStreamReader, TranslationError, chunk_error, dumps, join_notes, message_reasoning,
-    new_id, reasoning_effort, sse, stream_options, upstream_error_message, usage_counts,
+    ChatTranslator,
+    TranslationError,
+    copy_set_fields,
+    dumps,
+    first_choice,
+    forced_tool,
+    function_tool,
+    join_notes,
+    message_reasoning,
+    new_id,
+    prompt_len,
+    reasoning_effort,
+    sse,
+    usage_counts,
 )
 
 ENC_PREFIX = "polar:v1:"
 PASS_THROUGH = ("temperature", "top_p", "parallel_tool_calls", "user")
 # Fields that steer OpenAI's own service (state, caching, tracing) and have no chat meaning here.
-DROPPED = ("store", "include", "prompt_cache_key", "prompt_cache_retention", "client_metadata",
-           "metadata", "safety_identifier", "service_tier", "truncation", "background",
-           "top_logprobs", "max_tool_calls", "prompt_cache_options", "stream_options")
+DROPPED = ("store", "include", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+           "service_tier", "truncation", "background", "top_logprobs", "max_tool_calls",
+           "prompt_cache_options", "stream_options")
+# Recorded on the row (translator.metadata), not forwarded.
+METADATA = ("metadata", "client_metadata")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
@@ -171,11 +184,7 @@ def convert_input(body: dict, notes: list[str]) -> list[dict]:
 
 
 def _function_tool(t: dict) -> dict:
-    fn = {"name": t.get("name"), "description": t.get("description") or "",
-          "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-    if t.get("strict") is not None:
-        fn["strict"] = t["strict"]
-    return {"type": "function", "function": fn}
+    return function_tool(t.get("name"), t.get("description") or "", t.get("parameters"), t.get("strict"))
 
 
 def convert_tools(body: dict, notes: list[str], namespaces: dict[str, str]) -> list[dict]:
@@ -205,7 +214,7 @@ def convert_tool_choice(choice, chat: dict, notes: list[str]) -> None:
     if choice in ("auto", "none", "required"):
         chat["tool_choice"] = choice
     elif isinstance(choice, dict) and choice.get("type") == "function":
-        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        chat["tool_choice"] = forced_tool(choice.get("name"))
     elif isinstance(choice, dict):
         join_notes(notes, f"tool_choice {choice.get('type')!r} dropped (no chat equivalent)")
     else:
@@ -227,23 +236,20 @@ def convert_text_format(body: dict, chat: dict, notes: list[str]):
     return kind
 
 
-class ResponsesTranslator:
+class ResponsesTranslator(ChatTranslator):
     api = "responses"
+    DROPPED = DROPPED
+    KNOWN = frozenset({"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "reasoning",
+                       "text", "stream", "previous_response_id", *PASS_THROUGH, *DROPPED, *METADATA})
 
     def __init__(self, normalize: bool = True) -> None:
-        self.normalize = normalize
-        self.notes: list[str] = []
-        self.auxiliary = False
-        self.metadata: dict | None = None
+        super().__init__(normalize)
         self.request: dict = {}
         self.namespaces: dict[str, str] = {}
         self.send_encrypted = False
-        self._reader = ChatStreamReader()
         self._resp_id = new_id("resp")
         self._created = int(time.time())
         self._seq = 0
-        self._started = False
-        self._finished = False
         self._output: list[dict] = []      # finished output items, in order
         self._open: dict | None = None     # the open reasoning / message item
         self._open_text: list[str] = []
@@ -251,9 +257,7 @@ class ResponsesTranslator:
         self._calls: dict[int, dict] = {}  # upstream tool index -> open function_call item
 
     # ---- request ----
-    def request_to_chat(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
-        if not isinstance(body, dict):
-            raise TranslationError("request body must be a JSON object")
+    def _to_chat(self, body: dict) -> dict:
         if body.get("previous_response_id"):
             raise TranslationError("previous_response_id is not supported: the proxy keeps no "
                                    "response state (send the full input, store=false)")
@@ -266,26 +270,14 @@ class ResponsesTranslator:
         convert_tool_choice(body.get("tool_choice"), chat, notes)
         if body.get("max_output_tokens") is not None:
             chat["max_tokens"] = body["max_output_tokens"]
-        for key in PASS_THROUGH:
-            if body.get(key) is not None:
-                chat[key] = body[key]
+        copy_set_fields(body, chat, PASS_THROUGH)
         self._reasoning(body, chat)
         fmt = convert_text_format(body, chat, notes)
-        if self.normalize and fmt == "json_schema" and not tools:
-            self.auxiliary = True
-            join_notes(notes, "auxiliary call (no tools, JSON output schema): not agent trajectory")
+        self._auxiliary_if(fmt == "json_schema", tools)
         self.send_encrypted = "reasoning.encrypted_content" in (body.get("include") or ())
-        if body.get("metadata") is not None or body.get("client_metadata") is not None:
-            self.metadata = {k: body[k] for k in ("metadata", "client_metadata") if k in body}
+        if any(body.get(k) is not None for k in METADATA):
+            self.metadata = {k: body[k] for k in METADATA if k in body}
             join_notes(notes, "metadata recorded, not forwarded")
-        for key in DROPPED:
-            if key in body and key not in ("metadata", "client_metadata"):
-                join_notes(notes, f"dropped {key} (no chat equivalent)")
-        known = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens",
-                 "reasoning", "text", "stream", "previous_response_id", *PASS_THROUGH, *DROPPED}
-        for key in body.keys() - known:
-            join_notes(notes, f"dropped unknown field {key}")
-        stream_options(chat, body.get("stream", False))
         return chat
 
     def _reasoning(self, body: dict, chat: dict) -> None:
@@ -304,10 +296,6 @@ class ResponsesTranslator:
         kind = "invalid_request_error" if status < 500 else "server_error"
         return dumps({"error": {"message": message, "type": kind, "param": None,
                                 "code": None}}), "application/json"
-
-    def error_from_chat(self, status: int, body: bytes) -> tuple[int, bytes, str]:
-        data, ctype = self.error_body(status, upstream_error_message(body))
-        return status, data, ctype
 
     # ---- shared response object ----
     def _response(self, status: str, output: list[dict], usage: dict | None = None,
@@ -356,11 +344,9 @@ class ResponsesTranslator:
 
     # ---- non-streaming answer ----
     def response_from_chat(self, chat_resp: dict) -> dict:
-        choice = (chat_resp.get("choices") or [{}])[0]
-        msg = choice.get("message") or {}
+        choice, msg = first_choice(chat_resp)
         self._reader.usage = chat_resp.get("usage")
-        ids = chat_resp.get("prompt_token_ids", choice.get("prompt_token_ids"))
-        self._reader.prompt_len = len(ids) if isinstance(ids, list) else None
+        self._reader.prompt_len = prompt_len(chat_resp)
         output = []
         reasoning = message_reasoning(msg)
         if reasoning:
@@ -376,26 +362,12 @@ class ResponsesTranslator:
         status, incomplete = self._terminal(choice.get("finish_reason"))
         return self._response(status, output, self._usage(), incomplete=incomplete)
 
-    # ---- streaming answer ----
+    # ---- streaming answer (ChatTranslator.feed_chunk / finish) ----
     def _ev(self, kind: str, fields: dict) -> bytes:
         fields["type"] = kind
         fields["sequence_number"] = self._seq
         self._seq += 1
         return sse(kind, fields)
-
-    def feed_chunk(self, chunk: dict) -> bytes:
-        if self._finished:
-            return b""
-        error = chunk_error(chunk)
-        if error is not None:
-            return self.fail(error)
-        out: list[bytes] = []
-        steps = self._reader.read(chunk)
-        if not self._started:
-            self._start(out)
-        for step in steps:
-            self._step(step, out)
-        return b"".join(out)
 
     def _start(self, out: list) -> None:
         self._started = True
@@ -491,17 +463,7 @@ class ResponsesTranslator:
             out.append(self._ev("response.output_item.done", {"output_index": idx, "item": item}))
         self._calls = {}
 
-    def finish(self) -> bytes:
-        if self._finished:
-            return b""
-        if self._reader.finish_reason == "abort":  # SGLang: the server gave up on the request
-            return self.fail("upstream aborted the generation (finish_reason abort)")
-        self._finished = True
-        out: list[bytes] = []
-        if not self._started:
-            self._start(out)
-        for idx in self._reader.unfinished_tools():
-            join_notes(self.notes, f"upstream tool call {idx} never named its function (dropped)")
+    def _end(self, out: list) -> None:
         status, incomplete = self._terminal(self._reader.finish_reason)
         item_status = "incomplete" if status == "incomplete" else "completed"
         self._close_open(out, item_status)
@@ -509,7 +471,6 @@ class ResponsesTranslator:
         event = "response.completed" if status == "completed" else "response.incomplete"
         out.append(self._ev(event, {"response": self._response(
             status, self._output, self._usage(), incomplete=incomplete)}))
-        return b"".join(out)
 
     def fail(self, message: str) -> bytes:
         self._finished = True

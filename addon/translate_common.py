@@ -2,13 +2,16 @@
 
 The translators turn a harness request into a plain chat-completions body and the upstream
 chat-completions answer (one dict, or a sequence of parsed SSE chunks) back into the API the
-harness spoke. This module holds what both directions share: the error type, id minting, SSE
-framing and a reader that reduces upstream chunks to a few semantic steps.
+harness spoke. This module holds what both share: the error type, id minting, SSE framing, the
+request field rules, a reader that reduces upstream chunks to a few semantic steps, and
+``ChatTranslator``, the base class with the outline both follow (request checks, upstream
+errors, the stream's life: start, steps, upstream error chunk, abort, end).
 """
 from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Mapping
 
 import orjson
 
@@ -60,6 +63,41 @@ def stream_options(chat: dict, stream: bool) -> None:
     chat["stream"] = bool(stream)
     if stream:
         chat["stream_options"] = {"include_usage": True}
+
+
+def copy_set_fields(body: dict, chat: dict, keys: tuple[str, ...]) -> None:
+    """The request fields with the same name and meaning in chat, when set (not null)."""
+    for key in keys:
+        if body.get(key) is not None:
+            chat[key] = body[key]
+
+
+def function_tool(name, description, parameters, strict) -> dict:
+    """A chat function tool (no parameters: an object schema without properties)."""
+    fn = {"name": name, "description": description,
+          "parameters": parameters or {"type": "object", "properties": {}}}
+    if strict is not None:
+        fn["strict"] = strict
+    return {"type": "function", "function": fn}
+
+
+def forced_tool(name) -> dict:
+    """The chat tool_choice that makes the model call the function ``name``."""
+    return {"type": "function", "function": {"name": name}}
+
+
+def first_choice(chat_resp: dict) -> tuple[dict, dict]:
+    """Choice 0 of a non-streaming chat answer and its message (neither API has several)."""
+    choice = (chat_resp.get("choices") or [{}])[0]
+    return choice, choice.get("message") or {}
+
+
+def prompt_len(chat_resp: dict) -> int | None:
+    """How many prompt ids a non-streaming chat answer carries (top level, else on choice 0)."""
+    ids = chat_resp.get("prompt_token_ids")
+    if ids is None:
+        ids = ((chat_resp.get("choices") or [{}])[0]).get("prompt_token_ids")
+    return len(ids) if isinstance(ids, list) else None
 
 
 def usage_counts(usage: dict | None, prompt_len: int | None) -> dict:
@@ -189,3 +227,103 @@ class ChatStreamReader:
     def unfinished_tools(self) -> list[int]:
         """Tool calls whose name never arrived (reported, never silently dropped)."""
         return sorted(self._held)
+
+
+class ChatTranslator:
+    """The outline the Responses and Messages translators share (translate.py lists the
+    interface). A subclass sets ``api``, ``DROPPED`` (fields that only steer the vendor's own
+    service: dropped, each noted) and ``KNOWN`` (every field it reads or drops; others are noted
+    as unknown), and implements:
+
+    ``_to_chat(body)``   the chat body for a request already checked to be an object
+    ``error_body(status, message)``  the API's error shape
+    ``_start(out)``      the stream's opening events (sets ``_started``)
+    ``_step(step, out)`` the events of one ChatStreamReader step
+    ``_end(out)``        the closing events after upstream [DONE]
+    ``fail(message)``    the API's error event (also for an error chunk and an aborted generation)
+    """
+
+    api = ""
+    DROPPED: tuple[str, ...] = ()
+    KNOWN: frozenset[str] = frozenset()
+
+    def __init__(self, normalize: bool = True) -> None:
+        self.normalize = normalize
+        self.notes: list[str] = []
+        self.auxiliary = False
+        self.metadata: dict | None = None
+        self._reader = ChatStreamReader()
+        self._started = False
+        self._finished = False
+
+    # ---- request ----
+    def request_to_chat(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
+        if not isinstance(body, dict):
+            raise TranslationError("request body must be a JSON object")
+        chat = self._to_chat(body)
+        for key in self.DROPPED:
+            if key in body:
+                join_notes(self.notes, f"dropped {key} (no chat equivalent)")
+        for key in body.keys() - self.KNOWN:
+            join_notes(self.notes, f"dropped unknown field {key}")
+        stream_options(chat, body.get("stream", False))
+        return chat
+
+    def _to_chat(self, body: dict) -> dict:
+        raise NotImplementedError
+
+    def _auxiliary_if(self, json_schema: bool, tools: list) -> None:
+        """A call asking for a JSON schema with no tools (the harness's session title and the
+        like) is marked auxiliary: not agent trajectory."""
+        if self.normalize and json_schema and not tools:
+            self.auxiliary = True
+            join_notes(self.notes, "auxiliary call (no tools, JSON output schema): not agent trajectory")
+
+    # ---- errors ----
+    def error_body(self, status: int, message: str) -> tuple[bytes, str]:
+        raise NotImplementedError
+
+    def error_from_chat(self, status: int, body: bytes) -> tuple[int, bytes, str]:
+        data, ctype = self.error_body(status, upstream_error_message(body))
+        return status, data, ctype
+
+    # ---- streaming answer ----
+    def feed_chunk(self, chunk: dict) -> bytes:
+        if self._finished:
+            return b""
+        error = chunk_error(chunk)
+        if error is not None:
+            return self.fail(error)
+        out: list[bytes] = []
+        steps = self._reader.read(chunk)  # first: it may carry the prompt ids for the opening events
+        if not self._started:
+            self._start(out)
+        for step in steps:
+            self._step(step, out)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        if self._finished:
+            return b""
+        if self._reader.finish_reason == "abort":  # SGLang: the server gave up on the request
+            return self.fail("upstream aborted the generation (finish_reason abort)")
+        self._finished = True
+        out: list[bytes] = []
+        if not self._started:
+            self._start(out)
+        for idx in self._reader.unfinished_tools():
+            join_notes(self.notes, f"upstream tool call {idx} never named its function (dropped)")
+        self._end(out)
+        return b"".join(out)
+
+    def _start(self, out: list) -> None:
+        raise NotImplementedError
+
+    def _step(self, step: tuple, out: list) -> None:
+        raise NotImplementedError
+
+    def _end(self, out: list) -> None:
+        raise NotImplementedError
+
+    def fail(self, message: str) -> bytes:
+        raise NotImplementedError
