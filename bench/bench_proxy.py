@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -31,15 +32,14 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from harness_recipes.procs import free_port, running
+from harness_recipes.stack import addon_script, mitmdump
+from polar_recon import read_episode
+from polar_recon.assets import QWEN3_TOKENIZER
 
-from tests.addon.procs import fake_backend, mitmdump  # noqa: E402  (the same process helpers as the tests)
-
-from polar_recon import read_episode  # noqa: E402
-
-QWEN = REPO / "tests" / "fixtures" / "harness-requests" / "qwen-code.jsonl"
-TOKENIZER = REPO / "data" / "tokenizers" / "qwen3" / "tokenizer.json"
+BENCH = Path(__file__).resolve().parent
+QWEN = BENCH.parent / "tests" / "fixtures" / "harness-requests" / "qwen-code.jsonl"
+TOKENIZER = QWEN3_TOKENIZER / "tokenizer.json"
 
 
 def pct(xs, q):
@@ -97,7 +97,7 @@ async def one_call(session, url, data: bytes, headers, stream: bool):
                 body = await r.read()
                 ttfc = time.perf_counter() - t0
                 ok = r.status == 200 and body.startswith(b"{")
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         ok = False
     return ok, time.perf_counter() - t0, ttfc
 
@@ -121,7 +121,8 @@ async def sequential(paths, data, stream, n, session):
         # (up to 1 ms here), and must not always fall on the same path
         r = i % len(order)
         for k, url in order[r:] + order[:r]:
-            ok, t, f = await one_call(session, url, data, {"x-polar-episode": f"seq-{k}", "content-type": "application/json"}, stream)
+            headers = {"x-polar-episode": f"seq-{k}", "content-type": "application/json"}
+            ok, t, f = await one_call(session, url, data, headers, stream)
             lat, tt, err, rounds = out[k]
             if ok:
                 lat.append(t)
@@ -178,7 +179,8 @@ def growing_messages(base: dict, n_calls: int, grow_tokens: int, tok):
         piece = tok.decode(ids[pos: pos + grow_tokens])
         pos += grow_tokens
         msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"f{i}.py"})}}]})
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": "read_file", "arguments": json.dumps({"path": f"f{i}.py"})}}]})
         msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": piece})
 
 
@@ -232,7 +234,7 @@ async def run(args, paths, procs, logdir):
     # so CPU per call is what a call costs, without the idle wake-ups of the sequential phase
     res["ns16"] = {k: dict(calls_per_s=[], cpu_per_call_ms=[], errors=0) for k in procs}
     nonstream = body_bytes(False)
-    for rep in range(2):  # two passes, paths alternating, against drift
+    for _ in range(2):  # two passes, paths alternating, against drift
         for k in procs:
             c0 = cpu(procs[k])
             rate, errs = await concurrent(paths[k], nonstream, 16, args.rounds_ns16, f"ns16-{k}", stream=False)
@@ -321,6 +323,27 @@ def report(res, growing, args):
           f"ratio {g['ratio']:.2f} (target <= 1.5); full request texts would be {g['request_text_bytes']} bytes")
 
 
+def fake_backend(work: Path, dialect: str = "vllm", *, chunks: int = 12, gap_ms: float = 0, first_ms: float = 0,
+                 tokenizer: str | None = None):
+    """bench/fake_backend.py on a free port, output to WORK/fake-PORT.log."""
+    port = free_port()
+    cmd = [sys.executable, str(BENCH / "fake_backend.py"), "--port", str(port), "--dialect", dialect,
+           "--chunks", str(chunks), "--gap-ms", str(gap_ms), "--first-ms", str(first_ms)]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    return running(cmd, log=work / f"fake-{port}.log", port=port, timeout=30)
+
+
+@contextlib.contextmanager
+def proxy(work: Path, logdir: Path, upstream: str, *, addon: Path | None = None, sets: dict | None = None,
+          env: dict | None = None):
+    """mitmdump in front of `upstream` with the mitmproxy script `addon` (None: bare), as the tests run it."""
+    port = free_port()
+    with mitmdump(upstream=upstream, logdir=logdir, addon=addon, confdir=work / "mitmconf", sets=sets, port=port,
+                  log=work / f"mitmdump-{port}.log", cwd=work, env=env, timeout=30) as p:
+        yield p
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small counts (smoke check)")
@@ -342,18 +365,19 @@ def main(argv=None):
         work = Path(tmp)
         logdir = work / "logs"
         be = stack.enter_context(fake_backend(work, "vllm", chunks=60, gap_ms=5, first_ms=20))
-        bare = stack.enter_context(mitmdump(work, work / "unused", upstream=be.url, addon=False,
-                                            sets={"scripts": str(REPO / "bench" / "stream_on.py")}))
-        fast = stack.enter_context(mitmdump(work, work / "unused", upstream=be.url, addon=False,
-                                            sets={"scripts": str(REPO / "bench" / "stream_on_fast_dispatch.py")}))
-        polar = stack.enter_context(mitmdump(work, logdir, upstream=be.url, sets={"polar_dialect": "vllm"}))
+        bare = stack.enter_context(proxy(work, work / "unused", be.url, sets={"scripts": str(BENCH / "stream_on.py")}))
+        fast = stack.enter_context(proxy(work, work / "unused", be.url,
+                                         sets={"scripts": str(BENCH / "stream_on_fast_dispatch.py")}))
+        polar = stack.enter_context(proxy(work, logdir, be.url, addon=addon_script(), sets={"polar_dialect": "vllm"}))
         paths = {"direct": be.url + "/v1/chat/completions", "bare+stream": bare.url + "/v1/chat/completions",
                  "bare+dispatch": fast.url + "/v1/chat/completions", "polar": polar.url + "/v1/chat/completions"}
         procs = {"bare+stream": psutil.Process(bare.pid), "bare+dispatch": psutil.Process(fast.pid),
                  "polar": psutil.Process(polar.pid)}
         if args.baseline:  # the addon of another checkout, side by side in the same run
-            base = stack.enter_context(mitmdump(work, work / "baselogs", upstream=be.url, sets={"polar_dialect": "vllm"},
-                                                addon_repo=Path(args.baseline).resolve()))
+            # (the other checkout's packages first, else its polar_addon.py imports this one's)
+            other = Path(args.baseline).resolve()
+            base = stack.enter_context(proxy(work, work / "baselogs", be.url, addon=other / "addon" / "polar_addon.py",
+                                             sets={"polar_dialect": "vllm"}, env={**os.environ, "PYTHONPATH": str(other)}))
             paths["baseline"] = base.url + "/v1/chat/completions"
             procs["baseline"] = psutil.Process(base.pid)
         t0 = time.time()
@@ -361,7 +385,7 @@ def main(argv=None):
         # the growing episode needs real prompt ids: a backend that tokenizes with the Qwen3 tokenizer
         glog = work / "glogs"
         tb = stack.enter_context(fake_backend(work, "vllm", chunks=40, tokenizer=str(TOKENIZER)))
-        gp = stack.enter_context(mitmdump(work, glog, upstream=tb.url, sets={"polar_dialect": "vllm"}))
+        gp = stack.enter_context(proxy(work, glog, tb.url, addon=addon_script(), sets={"polar_dialect": "vllm"}))
         growing = asyncio.run(growing_episode(gp.url + "/v1/chat/completions", glog, args.grow_calls, args.grow_tokens))
         report(res, growing, args)
         print(f"\n(bench wall time {time.time() - t0:.0f} s; machine: {os.cpu_count()} CPUs, shared)")

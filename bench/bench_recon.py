@@ -28,9 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 IM_START, IM_END, NL, ASSISTANT, USER, SYSTEM = 151644, 151645, 198, 77091, 872, 8948
 
 
@@ -57,7 +54,8 @@ def make_logs(logdir: Path, episodes: int, calls: int, max_prompt: int, seed: in
         eid = f"bench-{e:05d}"
         w = EpisodeWriter(logdir / f"{eid}.arrow", eid)
         words = lambda n: rng.integers(0, 150000, n, dtype=np.int32)  # noqa: E731  (no special ids)
-        prompt = np.concatenate([[IM_START, SYSTEM, NL], words(first - 8), [IM_END, NL, IM_START, ASSISTANT, NL]]).astype(np.int32)
+        prompt = np.concatenate([[IM_START, SYSTEM, NL], words(first - 8),
+                                 [IM_END, NL, IM_START, ASSISTANT, NL]]).astype(np.int32)
         for c in range(calls):
             comp = np.concatenate([words(comp_len - 1), [IM_END]]).astype(np.int32)
             lps = -rng.exponential(0.5, comp_len).astype(np.float32)
@@ -103,14 +101,14 @@ def phase_build(logdir: Path, out: Path, strategy: str) -> dict:
 
 def drift_sim(work: Path, episodes: int) -> dict:
     """`polar-recon drift` on episodes rendered with the real Qwen3 template by the simulated
-    harness habits of tests/recon/logs.py (reasoning resent or dropped, whitespace content resent,
+    harness habits of polar_recon.testing (reasoning resent or dropped, whitespace content resent,
     compact arguments), thinking on, three tool turns each: the retokenize baseline's error per habit."""
     import random
 
     from click.testing import CliRunner
 
+    from polar_recon import testing as L
     from polar_recon.cli import main as cli
-    from tests.recon import logs as L
 
     rnd = random.Random(0)
     results = {}
@@ -144,7 +142,7 @@ def main() -> None:
     ap.add_argument("--dir", help="work dir (kept); default: a temporary dir, removed")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--drift-sim", type=int, metavar="N",
-                    help="instead: drift of N simulated episodes per harness habit (tests/recon/logs.py)")
+                    help="instead: drift of N simulated episodes per harness habit (polar_recon.testing)")
     ap.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drift_sim:
@@ -157,7 +155,8 @@ def main() -> None:
         for h, r in res.items():
             links = ", ".join(f"{k} {v}" for k, v in r["links_by_harness"][h].items())
             print(f"{h:12}{r['trainable_tokens']:>10}{r['retokenize_differing_tokens']:>8}"
-                  f"{100 * r['retokenize_differing_share']:>7.1f}%{r['retokenize_sequences_affected']:>6}/{r['sequences']:<4} {links}")
+                  f"{100 * r['retokenize_differing_share']:>7.1f}%"
+                  f"{r['retokenize_sequences_affected']:>6}/{r['sequences']:<4} {links}")
         return
     if a.phase:
         kind, *rest = a.phase
@@ -187,7 +186,8 @@ def main() -> None:
               f"(generated in {gen['generate_s']:.1f}s)")
         print(f"{'':24}{'seconds':>10}{'M call tok/s':>14}{'peak MiB':>10}")
         for name, r in (("read with pyarrow", floor), (f"build ({a.strategy})", built)):
-            print(f"{name:24}{r['seconds']:>10.2f}{gen['call_tokens'] / r['seconds'] / 1e6:>14.1f}{r['peak_mb_over_base']:>10.0f}")
+            print(f"{name:24}{r['seconds']:>10.2f}{gen['call_tokens'] / r['seconds'] / 1e6:>14.1f}"
+                  f"{r['peak_mb_over_base']:>10.0f}")
         print(f"build / floor = {res['build_over_floor']:.2f}x; build wrote {built['sequences']} sequences, "
               f"{built['sequence_tokens'] / 1e6:.1f}M tokens ({res['sequence_tokens_per_s'] / 1e6:.1f}M/s), "
               f"{built['trainable_tokens'] / 1e6:.2f}M trainable, {built['shards']} shards")

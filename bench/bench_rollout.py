@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,23 +30,25 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+BENCH = Path(__file__).resolve().parent
+os.environ.setdefault("POLAR_CACHE", str(BENCH.parent / ".cache"))  # the checkout's cache (harnesses), as make
 
 from harness_recipes.stack import capture_proxy, serve  # noqa: E402
+from polar_recon.assets import data_path  # noqa: E402
 
 SHELL = {"any_of": ["run_shell_command", "bash", "shell", "exec_command", "Bash"]}
 DELAYS = [0.5, 3.0, 1.0, 2.0, 4.0, 0.5, 1.5, 2.5]  # seconds per generating turn, per task
 
 
 def make_workload(d: Path, n: int, eval_seconds: float) -> tuple[Path, Path]:
-    repo = ROOT / "data" / "tasks" / "repos" / "fix_add"
+    repo = data_path("tasks", "repos", "fix_add")
     tasks, rules = [], [{"when": {"tools": False}, "reply": {"content": "Fix the failing test"}}]
     for k in range(n):
         tag, delay = f"bench-{k:02d}", DELAYS[k % len(DELAYS)]
         tasks.append({"id": tag, "workspace": str(repo), "timeout": 600, "eval_timeout": 120 + eval_seconds,
                       "prompt": f"[{tag}] The test in test_calc.py fails. Fix calc.py. Do not change the test.",
-                      "eval": f"sleep {eval_seconds} && git checkout -q HEAD -- test_calc.py && python3 -m unittest -q test_calc"})
+                      "eval": f"sleep {eval_seconds} && git checkout -q HEAD -- test_calc.py "
+                              "&& python3 -m unittest -q test_calc"})
         fix = "sed -i 's/return a - b/return a + b/' calc.py"
         for turn, (cmd, dl) in enumerate([(fix, delay), ("python3 -m unittest -q test_calc", delay / 2)]):
             args = {"command": cmd}
@@ -91,7 +94,7 @@ def run_mode(name: str, extra: list[str], args, tasks: Path, proxy: str, base: P
            "--proxy", proxy, "--logdir", str(logdir), "--out", str(out), "--runtime", args.runtime,
            "--recon", "none", "--no-progress", *extra]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: polar-rollout failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     res = measure(out, logdir)
@@ -106,9 +109,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--eval-seconds", type=float, default=1.0)
     ap.add_argument("--runtime", choices=["local", "docker"], default="local")
-    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "rollout.json")
+    ap.add_argument("--json", type=Path, default=BENCH / "results" / "rollout.json")
     args = ap.parse_args()
-    from harness_recipes.demo import tiny_model
+    from harness_recipes.cache import tiny_model
     from harness_recipes.install import ensure_installed
     from harness_recipes.recipe import load_recipe
     ensure_installed(load_recipe(args.harness))

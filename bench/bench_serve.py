@@ -17,9 +17,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+os.environ.setdefault("POLAR_CACHE", str(REPO / ".cache"))  # the checkout's cache, as `make` and the tests use
 
-from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
+from harness_recipes.cache import tiny_model  # noqa: E402
+from harness_recipes.stack import serve  # noqa: E402
 
 
 def _chat(base, body):
@@ -31,8 +32,7 @@ def _chat(base, body):
 def bench(dialect: str, n_tokens: int, n_requests: int, threads: int) -> list[tuple[str, str]]:
     rows = []
     script = REPO / "tests" / "serve" / "data" / "script_with_sampling.json"
-    with polar_serve(tiny_model_dir(), dialect, script=script,
-                     extra_args=["--served-model-name", "fake-model", "--threads", str(threads)]) as srv:
+    with serve(tiny_model(), script, dialect, model_name="fake-model", extra_args=["--threads", str(threads)]) as srv:
         base = srv.base_url
         sample = {"model": "fake-model", "messages": [{"role": "user", "content": "POLAR-SAMPLE write"}],
                   "ignore_eos": True, "temperature": 0.8, "seed": 0}

@@ -20,18 +20,17 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))  # the checkout's, as make
 
 
 def make_rows(shard_no: int, groups: int, g: int, prompt: int, completion: int, rng: random.Random) -> list[dict]:
-    from tests.trainer.shardkit import row, synthetic_seq
+    from polar_recon.testing import row, synthetic_seq
 
     rows = []
     for k in range(groups):
@@ -67,7 +66,8 @@ def run(args, mode: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.trainer.shardkit import tiny_model_dir, write_shard
+    from harness_recipes.cache import tiny_model
+    from polar_recon.testing import write_shard
     from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
     from trainer.shard_source import ShardSource
 
@@ -93,7 +93,7 @@ def run(args, mode: str) -> dict:
                           logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
                           gradient_checkpointing=False, shard_poll_interval=args.poll, shard_wait_timeout=120,
                           disable_tqdm=True, temperature=1.0)
-    d = tiny_model_dir()
+    d = tiny_model()
     src = ShardSource(str(shards), poll_interval=args.poll)
     timed = TimedSource(src)
     trainer = PolarGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32), args=cfg,
@@ -157,7 +157,7 @@ def main():
 
 
 def loader(args) -> None:
-    from tests.trainer.shardkit import write_shard
+    from polar_recon.testing import write_shard
     from trainer.shard_source import ShardSource
 
     rng = random.Random(1)

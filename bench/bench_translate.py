@@ -14,15 +14,11 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import time
 
 import orjson
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from addon.translate import translator_for  # noqa: E402
+from addon.translate import translator_for
 
 
 def typical_answer(tool_name: str) -> list[dict]:
@@ -76,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=300)
     args = ap.parse_args()
-    fixtures = ROOT / "tests" / "fixtures" / "harness-requests"
+    fixtures = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness-requests"
     for name, tool in (("codex", "exec_command"), ("claude-code", "Bash")):
         lines = (fixtures / f"{name}.jsonl").read_text().splitlines()
         calls = [json.loads(x) for x in lines if x.strip()]

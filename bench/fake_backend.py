@@ -111,8 +111,8 @@ class Backend:
         v = self.dialect == "vllm"
         if api == "chat":
             ch = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                  "logprobs": {"content": [{"token": t, "logprob": l, "bytes": list(t.encode()), "top_logprobs": []}
-                                           for t, _, l in toks]} if want_lp else None,
+                  "logprobs": {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                                           for t, _, lp in toks]} if want_lp else None,
                   "finish_reason": "length"}
             if v:
                 ch["token_ids"] = cids if want_ids else None
@@ -140,7 +140,7 @@ class Backend:
 
     @staticmethod
     def _legacy(toks):
-        return {"tokens": [t for t, _, _ in toks], "token_logprobs": [l for _, _, l in toks],
+        return {"tokens": [t for t, _, _ in toks], "token_logprobs": [lp for _, _, lp in toks],
                 "top_logprobs": [None] * len(toks), "text_offset": list(range(len(toks)))}
 
     def chunks_of(self, api, body, prompt, toks, want_ids, want_lp):
@@ -156,8 +156,8 @@ class Backend:
                 first.update(prompt_token_ids=prompt if want_ids else None, prompt_text=None)
             yield first
             held = []
-            for j, (t, i, l) in enumerate(toks):
-                held.append({"token": t, "logprob": l, "bytes": list(t.encode()), "top_logprobs": []})
+            for j, (t, i, lp) in enumerate(toks):
+                held.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []})
                 silent = v and t == "" and j != last  # a token without text
                 if silent and not want_ids and not want_lp:
                     continue  # vLLM sends no chunk for it unless ids or logprobs were asked for
@@ -171,9 +171,9 @@ class Backend:
             if not v and want_ids:
                 yield {**head, "choices": [], "sglext": {"input_ids": prompt, "output_ids": [[i for _, i, _ in toks]]}}
         else:
-            for j, (t, i, l) in enumerate(toks):
+            for j, (t, i, lp) in enumerate(toks):
                 ch = {"index": 0, "text": t,
-                      "logprobs": {"tokens": [t], "token_logprobs": [l], "top_logprobs": [None], "text_offset": [j]}
+                      "logprobs": {"tokens": [t], "token_logprobs": [lp], "top_logprobs": [None], "text_offset": [j]}
                       if want_lp else None, "finish_reason": "length" if j == last else None}
                 if want_ids:  # unrequested, both servers leave these keys out of stream chunks
                     ch["token_ids"] = [i]

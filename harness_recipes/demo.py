@@ -1,12 +1,13 @@
 """`make demo`: the whole loop on a fresh machine, on the CPU, in a few minutes.
 
-1. install the harness CLI (Pi by default) into .cache/harnesses/
-2. build the tiny random Qwen3 (real tokenizer and chat template) into .cache/tiny-qwen3/
+1. install the harness CLI (Pi by default) into the harness cache (cache.py; .cache/ under make)
+2. build the tiny random Qwen3 (real tokenizer and chat template) into the cache
 3. start polar-serve in scripted mode (the script makes the tiny model fix the sample tasks)
    and mitmdump with the Polar addon in front of it
-4. polar-rollout: the real harness CLI on data/tasks/, 2 samples per task, pipelined
+4. polar-rollout: the real harness CLI on the bundled sample tasks (data/tasks/), 2 samples per
+   task, pipelined
 5. polar-recon build: token-faithful shards
-6. a few GRPO steps with trainer/train_grpo.py on those shards
+6. a few GRPO steps with polar-train (trainer/train_grpo.py) on those shards
 7. a summary: episodes, rewards, trainable tokens, where the files are
 
     python -m harness_recipes.demo [--harness pi|qwen-code|codex|claude-code] [--out runs/demo]
@@ -21,28 +22,24 @@ import sys
 import time
 from pathlib import Path
 
+from polar_recon.assets import data_path
+
+from .cache import harness_cache, tiny_model
 from .install import ensure_installed, installed_version
 from .recipe import load_recipe
-from .stack import ROOT, capture_proxy, serve
+from .stack import capture_proxy, serve
 
-TASKS = ROOT / "data" / "tasks" / "tasks.jsonl"
-SCRIPT = ROOT / "data" / "tasks" / "scripts" / "fix_tasks.json"
-TINY = ROOT / ".cache" / "tiny-qwen3"  # same cache and marker as tests/support/servers.py
+TASKS = data_path("tasks", "tasks.jsonl")
+SCRIPT = data_path("tasks", "scripts", "fix_tasks.json")
 
 
 def step(msg: str) -> None:
     print(f"\n==> {msg}", flush=True)
 
 
-def tiny_model() -> Path:
-    from polar_serve.tiny import ensure_tiny
-
-    return ensure_tiny(TINY, seed=0)
-
-
 def run(cmd: list[str], timeout: float) -> None:
     print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, timeout=timeout)
+    proc = subprocess.run(cmd, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"demo: command failed with exit {proc.returncode}: {' '.join(cmd)}")
 
@@ -108,7 +105,7 @@ def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--harness", default="pi", help="recipe name (default pi: the quickest on a CPU)")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "demo"), help="where everything is written")
+    ap.add_argument("--out", default="runs/demo", help="where everything is written (default: runs/demo here)")
     ap.add_argument("--samples", type=int, default=2, help="episodes per task (the GRPO group size)")
     ap.add_argument("--steps", type=int, default=None, help="GRPO optimizer steps (default: one per task group)")
     args = ap.parse_args(argv)
@@ -118,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(base)  # a demo starts clean; real runs resume instead (polar-rollout run)
     logdir, out, shards, ckpt = base / "logs", base, base / "shards", base / "ckpt"
 
-    step(f"install the {args.harness} harness CLI (.cache/harnesses/)")
+    step(f"install the {args.harness} harness CLI ({harness_cache()})")
     recipe = load_recipe(args.harness)
     ensure_installed(recipe)
     print(f"{recipe.name}: {installed_version(recipe)}")
@@ -128,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     step("start polar-serve (scripted) and mitmdump with the Polar addon")
     with serve(model, script=SCRIPT) as srv, capture_proxy(srv.url, logdir) as proxy:
         print(f"polar-serve {srv.url}  <-  mitmdump {proxy.url}  (logs: {logdir})")
-        step(f"polar-rollout: {recipe.name} on {TASKS.relative_to(ROOT)}, {args.samples} samples per task")
+        step(f"polar-rollout: {recipe.name} on {TASKS}, {args.samples} samples per task")
         rollout(recipe.name, proxy.url, logdir, out, args.samples)
     step("polar-recon build: token-faithful shards")
     run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(shards),

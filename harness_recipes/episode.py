@@ -5,7 +5,6 @@ return what happened. Nothing here swallows cancellation: Ctrl-C reaches the pro
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -99,7 +98,7 @@ async def post_end(proxy: str, eid: str, reward: float, metadata: dict, timeout:
             async with http.post(url, json={"reward": reward, "metadata": metadata}) as resp:
                 if resp.status // 100 != 2:
                     return f"POST {url} -> HTTP {resp.status}: {(await resp.text())[:300]}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         return f"POST {url} failed: {type(e).__name__}: {e}"
     return ""
 

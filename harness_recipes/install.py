@@ -1,4 +1,5 @@
-"""Install a recipe's harness CLI into a project-local prefix: .cache/harnesses/<name>/.
+"""Install a recipe's harness CLI into its own prefix: <harness cache>/<name>/ (cache.py: in a
+checkout `make` puts it in .cache/harnesses/, an installed wheel in ~/.cache/polar/harnesses/).
 
 npm CLIs go in with `npm install --prefix`; PyPI harnesses (mini-swe-agent, aider) get their own
 virtual environment there, because their pins conflict with ours and must not break the main
@@ -6,15 +7,14 @@ venv's `pip check`. A stamp file records the installed spec so a second call is 
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from .cache import harness_cache
 from .recipe import Recipe, render
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STAMP = ".polar-installed"
 
 
@@ -22,12 +22,8 @@ class InstallError(RuntimeError):
     pass
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("POLAR_HARNESS_CACHE", PROJECT_ROOT / ".cache" / "harnesses"))
-
-
 def prefix_for(recipe: Recipe) -> Path:
-    return cache_root() / recipe.name
+    return harness_cache() / recipe.name
 
 
 def spec_of(recipe: Recipe) -> str:

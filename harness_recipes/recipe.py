@@ -12,6 +12,7 @@ import re
 import string
 import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ TEMPLATE_VARS = (
     "bin", "prefix", "home", "workspace", "prompt", "model", "api_key", "episode",
     "proxy", "base_url", "episode_header", "task_id",
 )
-RECIPE_DIR = Path(__file__).resolve().parent
 
 
 class RecipeError(ValueError):
@@ -190,10 +190,10 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    """Load a recipe by path, or by bare name (``pi`` -> harness_recipes/pi.toml)."""
+    """Load a recipe by path, or by bare name (``pi``: the bundled ``pi.toml`` of this package)."""
     p = Path(path)
     if not p.suffix and not p.exists():
-        p = RECIPE_DIR / f"{path}.toml"
+        p = bundled_path(str(path))
     if not p.is_file():
         raise RecipeError(f"recipe not found: {path} (bundled: {', '.join(bundled_names())})")
     try:
@@ -203,5 +203,11 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(data, p)
 
 
+def bundled_path(name: str) -> Path:
+    """Where the bundled recipe `name` is (package data of harness_recipes, checkout or wheel)."""
+    return Path(str(files(__package__).joinpath(f"{name}.toml")))
+
+
 def bundled_names() -> list[str]:
-    return sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
+    """The bundled recipes' names (``polar-rollout recipes`` lists them)."""
+    return sorted(f.name.removesuffix(".toml") for f in files(__package__).iterdir() if f.name.endswith(".toml"))

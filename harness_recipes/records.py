@@ -27,7 +27,7 @@ class Records:
     def _load(self) -> None:
         if not self.path.exists():
             return
-        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+        for line in self.path.read_text().splitlines():
             try:
                 rec = json.loads(line)
                 key = (rec["task_id"], int(rec["sample"]))

@@ -1,7 +1,9 @@
 """`polar-rollout`: run a harness recipe over tasks through the capture proxy, pipelined.
 
-    polar-rollout run --recipe harness_recipes/pi.toml --tasks data/tasks/tasks.jsonl --samples 2 \\
+    polar-rollout run --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
         --proxy http://127.0.0.1:8080 --logdir LOGDIR --out OUT [--runtime local|docker]
+    polar-rollout recipes          # the bundled recipes (--recipe NAME), or --recipe PATH.toml
+    polar-rollout install NAME     # install a recipe's CLI into the harness cache
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from pathlib import Path
 import click
 
 from . import episode as ep
-from .install import ensure_installed
+from .install import ensure_installed, spec_of
+from .procs import stop
 from .progress import Progress, summary_table
-from .recipe import RecipeError, load_recipe
+from .recipe import RecipeError, bundled_names, load_recipe
 from .records import Records
 from .runtimes import make_runtime
 from .scheduler import Limits, Pipeline
@@ -112,7 +115,7 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     finally:
         await runtime.shutdown()
         if watcher is not None:
-            _stop(watcher)
+            stop(watcher, signal.SIGINT, grace=30)  # watch finishes the shard it is writing and exits 0
     view.console.print(summary_table(pipeline, title=f"polar-rollout: {recipe.name}"))
     code = 0
     if recon in ("build", "watch"):
@@ -138,15 +141,6 @@ def _start_watch(logdir: Path, out: Path, samples: int) -> subprocess.Popen:
                              "--group-size", str(samples), "--poll", "1"])
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)  # watch finishes the shard it is writing and exits 0
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _build(logdir: Path, out: Path) -> int:
     proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(out)])
     if proc.returncode != 0:
@@ -157,13 +151,25 @@ def _build(logdir: Path, out: Path) -> int:
 @main.command()
 @click.argument("recipe")
 def install(recipe) -> None:
-    """Install a recipe's harness CLI into .cache/harnesses/ and print its --version."""
+    """Install a recipe's harness CLI into the harness cache and print its --version.
+
+    The cache: $POLAR_HARNESS_CACHE, else $POLAR_CACHE/harnesses, else ~/.cache/polar/harnesses
+    (`make` sets POLAR_CACHE to the checkout's .cache/)."""
     from .install import installed_version
     try:
         r = load_recipe(recipe)
     except RecipeError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"{r.name}: {ensure_installed(r)} ({installed_version(r)})")
+
+
+@main.command()
+def recipes() -> None:
+    """List the bundled recipes: name, API, pinned package, description."""
+    for name in bundled_names():
+        r = load_recipe(name)
+        spec = spec_of(r) if r.install.kind != "none" else f"{r.install.bin} (on PATH)"
+        click.echo(f"{name:16} {r.api:12} {spec:40} {r.description}")
 
 
 @main.command()

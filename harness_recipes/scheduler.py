@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import episode as ep
 from .recipe import Recipe
@@ -70,7 +70,7 @@ class Stats:
 
 class Pipeline:
     def __init__(self, recipe: Recipe, exe: Path, runtime: Runtime, settings: ep.Settings, records: Records,
-                 logdir: Path | None, limits: Limits, on_change: Callable[["Pipeline"], None] | None = None,
+                 logdir: Path | None, limits: Limits, on_change: Callable[[Pipeline], None] | None = None,
                  log_wait: float = 5.0):
         self.recipe, self.exe, self.runtime, self.settings = recipe, exe, runtime, settings
         self.records, self.logdir, self.limits = records, logdir, limits

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
-from tests.support.servers import polar_serve, tiny_model_dir
+# The suite uses the checkout's .cache/ (the tiny model, the harness CLIs `make harnesses` installed),
+# as `make test` does (harness_recipes/cache.py); set before anything reads it, children inherit it.
+os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
+
+from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session")

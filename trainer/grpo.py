@@ -43,8 +43,8 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer.is_correction import MODES, is_ratio
-from trainer.sampling_temperature import check_rows, generation_default
 from trainer.rollout import POLICIES, RolloutStats, fit_group, rows_to_columns
+from trainer.sampling_temperature import check_rows, generation_default
 from trainer.shard_source import ShardCursor, ShardSource
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Tail a shard directory for complete GRPO groups, in landing order, with a resumable cursor.
 
-The shard contract (polar-recon writes, the trainer reads; names in polar_recon/shard_files.py): ``OUT/shard-NNNNNN.parquet``, NNNNNN a
-zero-padded sequence number given in landing order, each file written under a temporary name and
-renamed when complete, one row per training sequence (segment). Anything that does not match
+The shard contract (polar-recon writes, the trainer reads; names in polar_recon/shard_files.py):
+``OUT/shard-NNNNNN.parquet``, NNNNNN a zero-padded sequence number given in landing order, each file
+written under a temporary name and renamed when complete, one row per training sequence (segment). Anything that does not match
 ``shard-<digits>.parquet`` exactly (``.shard-000001.parquet.tmp``, editor files) is ignored.
 
 OUT may be a local directory or any filesystem URI: pyarrow's own (``file://``, ``s3://``,
@@ -35,9 +35,10 @@ import json
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -83,7 +84,7 @@ class ShardCursor:
         return json.dumps(asdict(self), indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "ShardCursor":
+    def from_json(cls, text: str) -> ShardCursor:
         d = json.loads(text)
         if not isinstance(d, dict) or not isinstance(d.get("consumed"), list):
             raise ValueError(f"not a shard cursor: {text[:200]!r}")
@@ -98,7 +99,7 @@ class ShardCursor:
         return path
 
     @classmethod
-    def load(cls, directory: str | Path) -> "ShardCursor":
+    def load(cls, directory: str | Path) -> ShardCursor:
         path = Path(directory) / CURSOR_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: the checkpoint has no shard cursor")

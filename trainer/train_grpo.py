@@ -1,6 +1,6 @@
 """Train with GRPO on Polar shards as they land.
 
-    python trainer/train_grpo.py --shards OUT --model DIR --output_dir CKPT --max_steps 100 \
+    polar-train --shards OUT --model DIR --output_dir CKPT --max_steps 100 \
         [--num_generations 4 --per_device_train_batch_size 8 --learning_rate 1e-6 --temperature 1.0] \
         [--vllm_importance_sampling_mode sequence_mask --vllm_importance_sampling_clip_max 3.0] \
         [--max_policy_lag 2 --group_size_policy pad] \
@@ -14,12 +14,7 @@ generation_config.json default, e.g. 0.6 for Qwen3) and a mismatch stops trainin
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @dataclass

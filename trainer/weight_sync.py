@@ -101,7 +101,7 @@ class WeightSyncCallback(TrainerCallback):
         self.syncs: list[dict] = []  # {step, dir, weight_version, seconds}
 
     @classmethod
-    def from_config(cls, args, source=None) -> "WeightSyncCallback":
+    def from_config(cls, args, source=None) -> WeightSyncCallback:
         import os
 
         return cls(args.sync_server, every_steps=args.sync_steps, mode=args.sync_mode, lora_name=args.lora_name,

@@ -62,7 +62,7 @@ class Runtime(ABC):
     @abstractmethod
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox: ...
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> None:  # noqa: B027  (optional: most runtimes share nothing)
         """Release anything shared by the runtime's sandboxes."""
 
 
@@ -123,7 +123,7 @@ async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd:
     timed_out = False
     try:
         await asyncio.wait_for(proc.wait(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         timed_out = True
     except BaseException:  # cancelled (Ctrl-C): kill, then let the cancel go on
         try:
@@ -145,6 +145,6 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
     kill_group(proc.pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         kill_group(proc.pid, signal.SIGKILL)
         await proc.wait()

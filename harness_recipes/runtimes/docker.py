@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ..install import cache_root
+from ..cache import harness_cache
 from ..tasks import Task
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 
@@ -127,7 +127,7 @@ class DockerRuntime(Runtime):
         self.run_label = uuid.uuid4().hex[:12]
 
     def _volumes(self, root: Path) -> dict:
-        cache = cache_root().resolve()
+        cache = harness_cache().resolve()
         return {
             "/usr": {"bind": "/usr", "mode": "ro"},
             "/etc": {"bind": "/etc", "mode": "ro"},

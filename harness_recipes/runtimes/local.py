@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import sys
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 
 from ..tasks import Task
@@ -18,12 +19,13 @@ from .base import ExecResult, Runtime, Sandbox, populate_workspace, run_process
 
 
 def _visible_under_tmp() -> list[str]:
-    """Paths the harness needs that a private /tmp would hide: the project (harness CLIs in
-    .cache/, recipes, scripts) and the Python environment, when a checkout lives under /tmp."""
-    from ..install import cache_root
+    """Paths the harness needs that a private /tmp would hide, when they live under /tmp: the harness
+    CLIs (the harness cache), the Python environment, and where Polar's packages are imported from
+    (a checkout, for an editable install)."""
+    from ..cache import harness_cache
 
-    project = Path(__file__).resolve().parents[2]
-    keep = {project, Path(sys.prefix).resolve(), cache_root().resolve()}
+    packages = {Path(str(files(p))).resolve().parent for p in ("harness_recipes", "polar_data")}
+    keep = {*packages, Path(sys.prefix).resolve(), harness_cache().resolve()}
     tmp = Path("/tmp").resolve()
     return sorted(str(p) for p in keep if p.is_relative_to(tmp) and p != tmp and p.exists())
 

@@ -1,4 +1,3 @@
-import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -27,7 +26,8 @@ def test_the_scripted_fixes_make_the_tests_pass(tmp_path):
     for t in load_tasks(ROOT / "data" / "tasks" / "tasks.jsonl"):
         ws = tmp_path / t.id
         populate_workspace(t, ws)
-        (rule,) = [r for r in script["rules"] if r["when"].get("turn") == 0 and r["when"].get("last_user_contains", "\0") in t.prompt]
+        (rule,) = [r for r in script["rules"]
+                   if r["when"].get("turn") == 0 and r["when"].get("last_user_contains", "\0") in t.prompt]
         subprocess.run(["bash", "-c", rule["reply"]["tool_calls"][0]["arguments"]["command"]], cwd=ws, check=True)
         assert subprocess.run(["bash", "-c", t.eval_cmd], cwd=ws, capture_output=True).returncode == 0, t.id
 

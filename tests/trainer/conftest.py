@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_dir():
-    from tests.trainer.shardkit import tiny_model_dir
+    from tests.support.servers import tiny_model_dir
 
     return tiny_model_dir()
 

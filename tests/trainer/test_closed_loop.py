@@ -3,7 +3,7 @@
 1. Shards built by polar-recon from real proxy logs: the trainer's input ids, masks and old (behaviour)
    logprobs are, tensor by tensor, the shard's and the proxy log's; sampled at temperature 1 without
    truncation the trainer's own logprobs equal the server's, so the importance ratio is 1.
-2. The closed loop (trainer/closed_loop.py): the mean reward rises clearly above its start.
+2. The closed loop (harness_recipes/closed_loop.py): the mean reward rises clearly above its start.
 """
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from harness_recipes.closed_loop import LoopConfig, answer_text, http, run_closed_loop, stack
+from harness_recipes.procs import venv_bin
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
-from trainer.closed_loop import LoopConfig, VENV_BIN, answer_text, http, run_closed_loop, stack
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
 
 
 def episode(proxy: str, ep: str, gid: str, reward: float, calls: int) -> None:
     msgs = [{"role": "user", "content": f"Task {gid}: name a colour."}]
+    r: dict = {}  # the previous call's answer
     for k in range(calls):
         if k:
             msgs += [{"role": "assistant", "content": answer_text(r)}, {"role": "user", "content": "Another one."}]
@@ -38,7 +40,7 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
             for e in range(2):
                 episode(proxy, f"g{g}-e{e}", f"g{g}", float(e), calls=2 - g)  # g0: two calls, g1: one
     out = tmp_path / "shards"
-    build = subprocess.run([str(VENV_BIN / "polar-recon"), "build", str(tmp_path / "logs"), str(out),
+    build = subprocess.run([venv_bin("polar-recon"), "build", str(tmp_path / "logs"), str(out),
                             "--group-size", "2"], capture_output=True, text=True)
     assert build.returncode == 0, build.stdout + build.stderr
     rows = pq.read_table(next(out.glob("shard-*.parquet"))).to_pylist()

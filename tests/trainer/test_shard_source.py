@@ -12,7 +12,12 @@ import pytest
 from polar_recon.shard_files import shard_seq
 from tests.trainer.shardkit import SHARD_SCHEMA, row, synthetic_seq, write_shard
 from trainer.shard_source import (
-    CURSOR_FILE, NoShardsError, ShardCursor, ShardFormatError, ShardSource, parse_version,
+    CURSOR_FILE,
+    NoShardsError,
+    ShardCursor,
+    ShardFormatError,
+    ShardSource,
+    parse_version,
 )
 
 

@@ -1,7 +1,7 @@
 """Closed loop on the CPU: polar-serve -> mitmdump + addon -> a small agent -> polar-recon watch ->
 PolarGRPOTrainer -> /polar/reload, for several iterations; the mean reward must rise.
 
-    .venv/bin/python -m trainer.closed_loop --workdir /tmp/loop [--steps 8] [--group-size 4] [--groups 2]
+    .venv/bin/python -m harness_recipes.closed_loop --workdir /tmp/loop [--steps 8] [--group-size 4] [--groups 2]
 
 Processes (all real, all on 127.0.0.1, all stopped by pid): polar-serve serving the tiny Qwen3 with
 ``--weight-version 0``; mitmdump in reverse mode with addon/polar_addon.py writing LOGDIR;
@@ -31,10 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -42,8 +38,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
+from .cache import tiny_model
+from .procs import running, venv_bin
+from .stack import capture_proxy, serve
 
 
 @dataclass
@@ -83,43 +80,6 @@ class LoopResult:
 
 
 # -- processes ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])), timeout=0.2):
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not listening after {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-@contextlib.contextmanager
-def process(cmd: list[str], log: Path, url: str | None = None, timeout: float = 120.0):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
-    try:
-        if url:
-            wait_http(url, proc, log, timeout)
-        yield proc
-    finally:  # stop what we started, by pid
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(15)
-
-
 def http(method: str, url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 120.0):
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -133,22 +93,17 @@ def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int
     """polar-serve + mitmdump/addon (+ ``polar-recon watch`` when group_size is given); yields the two URLs.
     Logs go to WORK/logs, shards to WORK/shards, process output to WORK/*.log."""
     logdir = work / "logs"
-    logdir.mkdir(parents=True, exist_ok=True)
-    sp, pp = free_port(), free_port()
-    serve_url, proxy_url = f"http://127.0.0.1:{sp}", f"http://127.0.0.1:{pp}"
-    serve_cmd = [sys.executable, "-m", "polar_serve.cli", "--model", str(model_dir), "--dialect", dialect,
-                 "--host", "127.0.0.1", "--port", str(sp), "--weight-version", "0", "--threads", "1"]
-    proxy_cmd = [str(VENV_BIN / "mitmdump"), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(pp),
-                 "--set", f"confdir={work / 'mitmconf'}", "--mode", f"reverse:{serve_url}",
-                 "-s", str(REPO / "addon" / "polar_addon.py"), "--set", f"polar_logdir={logdir}"]
-    recon_cmd = [str(VENV_BIN / "polar-recon"), "watch", str(logdir), str(work / "shards"),
+    recon_cmd = [venv_bin("polar-recon"), "watch", str(logdir), str(work / "shards"),
                  "--group-size", str(group_size), "--poll", "0.2"]
     with contextlib.ExitStack() as es:
-        es.enter_context(process(serve_cmd, work / "serve.log", serve_url, timeout))
-        es.enter_context(process(proxy_cmd, work / "mitmdump.log", proxy_url, timeout))
+        srv = es.enter_context(serve(model_dir, dialect=dialect, model_name=None,
+                                     extra_args=["--weight-version", "0", "--threads", "1"],
+                                     log=work / "serve.log", timeout=timeout))
+        proxy = es.enter_context(capture_proxy(srv.url, logdir, confdir=work / "mitmconf", log=work / "mitmdump.log",
+                                               timeout=timeout))
         if group_size is not None:
-            es.enter_context(process(recon_cmd, work / "recon.log"))
-        yield serve_url, proxy_url
+            es.enter_context(running(recon_cmd, log=work / "recon.log"))
+        yield srv.url, proxy.url
 
 
 # -- the agent --------------------------------------------------------------------------------------
@@ -219,8 +174,7 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "shards"
     if cfg.model_dir is None:
-        from tests.support.servers import tiny_model_dir
-        cfg.model_dir = tiny_model_dir()
+        cfg.model_dir = tiny_model()
     tok = AutoTokenizer.from_pretrained(str(cfg.model_dir))
     with stack(work, cfg.model_dir, cfg.dialect, group_size=cfg.group_size, timeout=cfg.timeout) as (serve_url,
                                                                                                   proxy_url):
@@ -243,8 +197,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
         try:
             trainer.train()
         except Exception:
-            if errors:
-                raise errors[0]
+            if errors:  # the agent failed first; the trainer then waited for shards in vain
+                raise errors[0] from None
             raise
         agent.join(cfg.timeout)
         if errors:
