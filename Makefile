@@ -5,6 +5,10 @@ STAMP := $(VENV)/.installed
 
 HARNESSES := pi qwen-code codex claude-code mini-swe-agent aider
 
+# Polar's cache (harness CLIs, the tiny model) in the checkout's .cache/; outside make, an installed
+# polar uses ~/.cache/polar unless POLAR_CACHE says otherwise (harness_recipes/cache.py).
+export POLAR_CACHE ?= $(CURDIR)/.cache
+
 .PHONY: install sysdeps harnesses lint test demo bench clean
 
 install: $(STAMP)
@@ -22,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 sysdeps:
 	bash .ci/sysdeps.sh
 
-# The real harness CLIs, pinned, into .cache/harnesses/<name>/ (npm registry / PyPI).
+# The real harness CLIs, pinned, into $(POLAR_CACHE)/harnesses/<name>/ (npm registry / PyPI).
 harnesses: install sysdeps
 	for h in $(HARNESSES); do $(VENV)/bin/polar-rollout install $$h || exit 1; done
 
