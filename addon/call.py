@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import orjson
 

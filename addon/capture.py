@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -145,7 +146,8 @@ class CallCapture:
             if acc.seen_lps and not acc.lp_count_bad and comp is not None:
                 lps = np.frombuffer(acc.lps, dtype=np.float32)
                 if len(lps) != len(comp):
-                    self.notes.append(f"choice {i}: {len(lps)} logprobs for {len(comp)} completion ids; logprobs dropped")
+                    self.notes.append(
+                        f"choice {i}: {len(lps)} logprobs for {len(comp)} completion ids; logprobs dropped")
                     lps = None
             elif comp is not None:
                 self.notes.append(f"choice {i}: server returned no logprobs")

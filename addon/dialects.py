@@ -19,8 +19,9 @@ Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
   the flags and is dropped whole. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
   ``token_ids`` on the choice. SGLang leaves unrequested keys out, so the proxy deletes them.
 - Logprobs: chat ``logprobs: true`` (per-token ``choices[i].logprobs.content[].logprob``);
-  completions ``logprobs: 0`` on vLLM, ``1`` on SGLang (legacy ``token_logprobs``). When the harness did not ask for them,
-  the proxy asks and then sets ``choices[i].logprobs`` back to ``null`` (both servers send the key).
+  completions ``logprobs: 0`` on vLLM, ``1`` on SGLang (legacy ``token_logprobs``). When the harness did
+  not ask for them, the proxy asks and then sets ``choices[i].logprobs`` back to ``null`` (both servers
+  send the key).
 
 ``auto`` dialect: the addon asks the upstream's ``GET /v1/models`` once and reads ``owned_by`` of
 the first model (vLLM answers ``"vllm"``, SGLang ``"sglang"``); see ``dialect_from_models``.
@@ -195,8 +196,8 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
     if sgl_stream and "sglext" in obj:
         changed = True
         ext = obj["sglext"]
-        own = [k for k, f in (("input_ids", "return_input_ids_in_sglext"), ("output_ids", "return_output_ids_in_sglext"))
-               if f in plan.harness_flags]
+        own = [k for k, f in (("input_ids", "return_input_ids_in_sglext"),
+                              ("output_ids", "return_output_ids_in_sglext")) if f in plan.harness_flags]
         if own and isinstance(ext, dict):
             obj["sglext"] = {k: v for k, v in ext.items() if k in own or k not in ("input_ids", "output_ids")}
         else:

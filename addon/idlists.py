@@ -65,7 +65,8 @@ class PromptCache:
         self._last: OrderedDict[str, tuple[memoryview, array]] = OrderedDict()
         self.hits = 0  # ids reused from the previous list (for tests and the bench)
 
-    def ids(self, key: str, raw: bytes, lo: int = 0, hi: int | None = None, extends: bool | None = None) -> array | None:
+    def ids(self, key: str, raw: bytes, lo: int = 0, hi: int | None = None,
+            extends: bool | None = None) -> array | None:
         """The ids of one list, ``raw[lo:hi]`` (the bytes between its brackets), or None if it is
         not a plain list of non-negative ints. The list is kept as a view into ``raw`` (no copy).
         ``extends``: whether it begins with the previous list, if the caller checked already."""

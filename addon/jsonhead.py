@@ -18,7 +18,8 @@ read into an int64 array without a Python int per id (idlists.parse_ids).
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

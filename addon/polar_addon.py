@@ -288,7 +288,7 @@ class PolarAddon:
             pending = self.episodes.inflight(episode_id)
             try:
                 n = await asyncio.wait_for(asyncio.shield(done), ctx.options.polar_end_wait_ms / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 flow.response = _json_response(202, {
                     "episode_id": episode_id, "reward": reward, "ended": False, "pending_calls": pending,
                     "message": "calls of this episode are still in flight; the end record is written "

@@ -50,7 +50,8 @@ def secret_values(value: Any) -> list[str]:
 
 
 _QUOTED_VALUE_AFTER_KEY = re.compile(
-    b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"\\s*:\\s*"((?:[^"\\\\]|\\\\.)*)"', re.I)
+    b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS))
+    + b')"\\s*:\\s*"((?:[^"\\\\]|\\\\.)*)"', re.I)
 
 
 def secret_values_in_bytes(raw: bytes) -> list[str]:

@@ -6,8 +6,8 @@ Episode of a call, first match wins: header ``x-polar-episode``; path prefix
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from polar_recon.episode_ids import validate_episode_id
 

@@ -8,7 +8,8 @@ the same parsed chunks to a Responses/Messages translator instead.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

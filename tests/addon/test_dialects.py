@@ -1,6 +1,6 @@
-import pytest
-
 import copy
+
+import pytest
 
 from addon import chat
 from addon.capture import CallCapture

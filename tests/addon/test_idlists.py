@@ -33,7 +33,7 @@ def test_growing_prompts_reuse_and_match_orjson():
     rng = random.Random(0)
     cache = PromptCache()
     prompt = [rng.randrange(151000) for _ in range(3000)]
-    for turn in range(12):
+    for _turn in range(12):
         for spaced in (False, True):
             raw = vllm_answer(prompt, spaced)
             got = cache.loads("e", raw)
@@ -155,7 +155,7 @@ def test_parse_ids_refuses_what_is_not_an_int32_list(tail):
 def test_sglang_streamed_sglext_input_ids_are_cached_and_match_orjson():
     cache = PromptCache()
     ids = list(range(200000, 204000))
-    for turn in range(3):
+    for _turn in range(3):
         for spaced in (False, True):
             obj = {"id": "c", "choices": [], "sglext": {"input_ids": ids, "output_ids": [[5, 6]]}}
             raw = json.dumps(obj).encode() if spaced else orjson.dumps(obj)

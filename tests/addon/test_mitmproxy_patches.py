@@ -184,8 +184,8 @@ def test_mitmdump_with_the_addon_serves_through_the_fast_dispatch_and_can_turn_i
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
     for setting in ("true", "false"):
         logs = tmp_path / f"logs-{setting}"
-        with fake_backend(tmp_path) as be, mitmdump(tmp_path, logs, upstream=be.url, quiet=False,
-                                                    sets={"polar_fast_dispatch": setting, "polar_dialect": "vllm"}) as px:
+        sets = {"polar_fast_dispatch": setting, "polar_dialect": "vllm"}
+        with fake_backend(tmp_path) as be, mitmdump(tmp_path, logs, upstream=be.url, quiet=False, sets=sets) as px:
             req = urllib.request.Request(px.url + "/v1/chat/completions", data=body,
                                          headers={"content-type": "application/json", "x-polar-episode": "d"})
             with urllib.request.urlopen(req, timeout=10) as r:
@@ -281,7 +281,7 @@ def _connects(port: int, n: int, timeout: float = 0.3) -> int:
             try:
                 c.connect(("127.0.0.1", port))
                 ok += 1
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 pass
     finally:
         for c in socks:

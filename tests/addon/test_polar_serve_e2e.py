@@ -162,7 +162,6 @@ def test_replay_recorded_harness_requests(served, tokenizer, harness):
 def test_translated_apis_are_captured(served, tokenizer, harness, api):
     """Messages / Responses requests go upstream as chat completions with the id flags; the
     harness gets its own API back (streamed), the row has the server's ids."""
-    pytest.importorskip("addon.translate", reason="the Responses/Messages translators (addon/translate.py) are not in this checkout")
     dialect, srv, px, logdir, model = served
     e = f"tr-{harness}-{uuid.uuid4().hex[:6]}"
     rec = json.loads((FIXTURES / f"{harness}.jsonl").read_text().splitlines()[0])

@@ -261,7 +261,7 @@ def test_64_concurrent_streaming_episodes_not_mixed(stack):
             return await asyncio.gather(*(one(c, e, k) for k, e in enumerate(episodes)))
 
     results = asyncio.run(main())
-    for e, (body, raw) in zip(episodes, results):
+    for e, (body, raw) in zip(episodes, results, strict=True):
         assert raw.endswith(b"data: [DONE]\n\n")
         df = read_log(logdir / f"{e}.arrow")
         assert df.height == 1

@@ -1,5 +1,6 @@
 """The incremental SSE parser: any chunking gives the same events with the same raw bytes."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon.sse import SSEParser, _blank_line, parse_event
 
@@ -33,7 +34,7 @@ def test_whole_stream():
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_any_split_same_events(cuts):
     cuts = sorted(set(cuts))
-    chunks = [STREAM[a:b] for a, b in zip([0] + cuts, cuts + [len(STREAM)])]
+    chunks = [STREAM[a:b] for a, b in zip([0] + cuts, cuts + [len(STREAM)], strict=True)]
     evs = _events(chunks)
     assert [e.data for e in evs] == [e.data for e in _events([STREAM])]
     assert b"".join(e.raw for e in evs) == STREAM

@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon import chat, completions
 from addon.capture import CallCapture, dumps_like

@@ -73,7 +73,7 @@ class ScriptedModel:
         await resp.write_eof()
         return resp
 
-    def __enter__(self) -> "ScriptedModel":
+    def __enter__(self) -> ScriptedModel:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app)

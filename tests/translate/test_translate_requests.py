@@ -2,6 +2,7 @@
 Qwen3 chat template renders with the system prompt, the tools and the whole history."""
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 
@@ -84,7 +85,7 @@ def test_codex_requests_render_with_system_tools_history(tokenizer):
         assert chat["chat_template_kwargs"] == {"enable_thinking": True}
         prompts.append(prompt)
     # Each call's prompt extends the previous one: translation keeps the history stable.
-    for a, b in zip(prompts, prompts[1:]):
+    for a, b in itertools.pairwise(prompts):
         assert b.startswith(a), "a later Codex prompt must extend the earlier one"
 
 
@@ -123,7 +124,7 @@ def test_claude_code_requests_render_with_system_tools_history(tokenizer):
         assert chat["max_tokens"] == body["max_tokens"]
         assert chat["chat_template_kwargs"] == {"enable_thinking": True}
         prompts.append(prompt)
-    for a, b in zip(prompts, prompts[1:]):
+    for a, b in itertools.pairwise(prompts):
         assert b.startswith(a), "a later Claude Code prompt must extend the earlier one"
 
 
