@@ -1,7 +1,8 @@
 """The aiohttp application: routes, request decoding, error answers, streaming. I/O only.
 
-Everything a response contains is computed by chat.py and the dialect modules; this module reads
-bodies, maps RequestError to the dialect's error body, writes SSE, and swaps weights on reload.
+Everything a response contains is computed by generation.py and the dialect object; this module
+reads bodies, maps RequestError to the dialect's error body, writes SSE, and swaps weights on
+reload. Routes only one server has are registered by its dialect (`Dialect.extra_routes`).
 """
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ from aiohttp import web
 
 from polar_recon.chat_render import RequestError, render_chat
 
-from . import dialect_sglang as sg
-from .chat import Call, Result, build_chat_call, build_completion_call, collect
-from .dialect import Dialect, hex_id
+from .dialect import Dialect
 from .engine import Engine, Job
+from .generation import GenerationResult, chat_request, collect_result, completion_request
 from .model import ServedModel
-from .params import sampling_params, stop_list
 
 log = logging.getLogger("polar-serve")
 VERSION_HEADER = "x-polar-weight-version"
@@ -29,8 +28,7 @@ SCRIPT_HEADER = "x-polar-script-turn"
 
 class Server:
     def __init__(self, model: ServedModel, dialect: Dialect, served_names, script: dict | None = None,
-                 weight_version: str | None = None, sglang_ids_field: str = "response_token_ids"):
-        self.sglang_ids_field = sglang_ids_field
+                 weight_version: str | None = None):
         self.model = model
         self.engine = Engine(model)
         self.dialect = dialect
@@ -47,6 +45,10 @@ class Server:
 
     def headers(self) -> dict:
         return {VERSION_HEADER: self.weight_version}
+
+    def answer(self, obj: dict, extra_headers: dict | None = None) -> web.Response:
+        """A model answer: JSON as the servers write it (not ASCII-escaped), with the weight version."""
+        return web.json_response(obj, headers={**self.headers(), **(extra_headers or {})}, dumps=_dumps)
 
     async def body(self, request: web.Request) -> dict:
         raw = await request.read()
@@ -124,31 +126,28 @@ class Server:
             raise RequestError(f"'n' must be an integer in [1, 16] (got {n!r})")
         if n > 1 and not body.get("stream"):
             return await self.chat_n(body, n)
-        calls = [await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
-                 for b in _choice_bodies(body, n)]
-        call = calls[0]
+        reqs = [await self.engine.run_sync(chat_request, b, self.dialect, self.served_name, self.script)
+                for b in _choice_bodies(body, n)]
+        req = reqs[0]
         started = time.time()
-        queues = [self.engine.stream(c.job) for c in calls]
-        q = queues[0]
-        tok = self.model.tokenizer
+        queues = [self.engine.stream(r.job) for r in reqs]
         # Which script entry answered ("turn 1", "rule 0", "fallback"): for debugging e2e tests.
-        extra = {SCRIPT_HEADER: call.script_source} if call.script_source else {}
+        extra = {SCRIPT_HEADER: req.script_source} if req.script_source else {}
         if body.get("stream"):
-            jobs = [c.job for c in calls]
-            return await self.sse(request, self.dialect.chat_stream(self, calls, queues, request.headers), jobs, extra)
-        res = await self._collect(call.job, q)
-        out = self.dialect.chat_full(self, call, res, started)
-        return web.json_response(out, headers={**self.headers(), **extra}, dumps=_dumps)
+            jobs = [r.job for r in reqs]
+            return await self.sse(request, self.dialect.chat_stream(self, reqs, queues, request.headers), jobs, extra)
+        res = await self.collect(req.job, queues[0])
+        return self.answer(self.dialect.chat_full(self, req, res, started), extra)
 
     async def chat_n(self, body: dict, n: int):
         """n>1 (non-streaming): n generations of the same prompt, choice i seeded with seed+i (as
         vLLM seeds parallel-sampling children); one answer with n choices and summed usage."""
         outs = []
         for i, b in enumerate(_choice_bodies(body, n)):
-            call = await self.engine.run_sync(build_chat_call, b, self.dialect, self.served_name, self.script)
+            req = await self.engine.run_sync(chat_request, b, self.dialect, self.served_name, self.script)
             started = time.time()
-            res = await self._collect(call.job, self.engine.stream(call.job))
-            o = self.dialect.chat_full(self, call, res, started)
+            res = await self.collect(req.job, self.engine.stream(req.job))
+            o = self.dialect.chat_full(self, req, res, started)
             o["choices"][0]["index"] = i
             outs.append(o)
         out = outs[0]
@@ -158,24 +157,24 @@ class Server:
         u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
         if "reasoning_tokens" in u:
             u["reasoning_tokens"] = sum(o["usage"]["reasoning_tokens"] for o in outs)
-        return web.json_response(out, headers=self.headers(), dumps=_dumps)
+        return self.answer(out)
 
     async def completions(self, request: web.Request):
         body = await self.body(request)
         self.check_model(body)
         self.check_prompt_logprobs(body)
-        call = await self.engine.run_sync(build_completion_call, body, self.dialect, self.served_name)
-        q = self.engine.stream(call.job)
+        req = await self.engine.run_sync(completion_request, body, self.dialect, self.served_name)
+        q = self.engine.stream(req.job)
         if body.get("stream"):
-            return await self.sse(request, self.dialect.completion_stream(self, call, q), call.job)
-        res = await self._collect(call.job, q)
-        out = self.dialect.completion_full(self, call, res)
-        return web.json_response(out, headers=self.headers(), dumps=_dumps)
+            return await self.sse(request, self.dialect.completion_stream(self, req, q), req.job)
+        res = await self.collect(req.job, q)
+        return self.answer(self.dialect.completion_full(self, req, res))
 
     @staticmethod
-    async def _collect(job: Job, q) -> Result:
+    async def collect(job: Job, q) -> GenerationResult:
+        """The finished generation of `job` (whose Events arrive on `q`)."""
         try:
-            return await collect(q)
+            return await collect_result(q)
         except asyncio.CancelledError:
             job.cancelled = True  # client disconnected: stop the generation
             raise
@@ -217,10 +216,6 @@ class Server:
         return web.json_response({"weight_version": self.weight_version, "reloads": self.reloads,
                                   "model": str(self.model.model_dir)}, headers=self.headers())
 
-    async def model_info(self, request: web.Request):
-        return web.json_response({"model_path": str(self.model.model_dir), "tokenizer_path": str(self.model.model_dir),
-                                  "is_generation": True, "weight_version": self.weight_version})
-
     async def reload(self, request: web.Request):
         body = await self.body(request)
         d = body.get("model")
@@ -232,59 +227,6 @@ class Server:
         self.weight_version = str(body.get("weight_version") or self.reloads)
         return web.json_response({"success": True, "message": "weights reloaded", "weight_version": self.weight_version,
                                   "model": d}, headers=self.headers())
-
-    async def generate(self, request: web.Request):
-        body = await self.body(request)
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise RequestError("'sampling_params' must be an object")
-        tok = self.model.tokenizer
-        if body.get("input_ids") is not None:
-            ids = body["input_ids"]
-            if not isinstance(ids, list) or not ids or not all(isinstance(x, int) for x in ids):
-                raise RequestError("'input_ids' must be a non-empty list of token ids (batches are not supported)")
-            text = tok.decode(ids)
-        elif isinstance(body.get("text"), str):
-            text = body["text"]
-            ids = tok.encode(text, add_special_tokens=False)
-        else:
-            raise RequestError("/generate needs 'text' (a string) or 'input_ids' (a list of ints)")
-        fake = {"temperature": sp.get("temperature"), "top_p": sp.get("top_p"), "top_k": sp.get("top_k"),
-                "min_p": sp.get("min_p"), "max_tokens": sp.get("max_new_tokens", 128), "seed": sp.get("sampling_seed"),
-                "stop": sp.get("stop"), "stop_token_ids": sp.get("stop_token_ids"), "ignore_eos": sp.get("ignore_eos")}
-        params = sampling_params(fake, self.model.gen_defaults, self.model.max_len, len(ids), chat=False)
-        job = Job(ids, params, stop=stop_list(fake))
-        call = Call(body, self.dialect, self.served_name, hex_id(), int(time.time()), ids, text, params, job,
-                    thinking=False)
-        started = time.time()
-        q = self.engine.stream(job)
-        lp = bool(body.get("return_logprob"))
-        with_ids = bool(body.get("return_prompt_token_ids"))
-        if body.get("stream"):
-            return await self.sse(request, self._generate_stream(call, q, lp, with_ids, started), job)
-        res = await self._collect(job, q)
-        return web.json_response(sg.generate_out(call, res, self.weight_version, self.model.eos_ids, started, lp,
-                                                 with_ids), headers=self.headers(), dumps=_dumps)
-
-    async def _generate_stream(self, call, q, lp, with_ids, started):
-        res = Result()
-        while True:
-            ev = await q.get()
-            if ev.kind == "error":
-                yield sg._sse(sg.error_body(f"generation failed: {ev.error}", "InternalServerError", 500))
-                return
-            if ev.step is not None:
-                res.steps.append(ev.step)
-                res.text += ev.text
-            if ev.kind == "done":
-                res.finish_reason, res.stop_reason = ev.finish_reason, ev.stop_reason
-            out = sg.generate_out(call, res, self.weight_version, self.model.eos_ids, started, lp, with_ids)
-            if ev.kind != "done":
-                out["meta_info"]["finish_reason"] = None
-            yield sg._sse(out)
-            if ev.kind == "done":
-                break
-        yield b"data: [DONE]\n\n"
 
 
 def _choice_bodies(body: dict, n: int) -> list[dict]:

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = args.served_model_name or [Path(args.model).resolve().name]
     from .dialects import DIALECTS
-    server = Server(model, DIALECTS[args.dialect], name, script, args.weight_version, args.sglang_token_ids_field)
+    server = Server(model, DIALECTS[args.dialect].configured(args), name, script, args.weight_version)
     return asyncio.run(_serve(server, make_app(server), args.host, args.port))
 
 

@@ -23,8 +23,15 @@ import json
 from polar_recon.chat_render import VLLM_RENDER
 
 from . import parsers
-from .chat import Call, Result, chat_logprob_entries, logprob_token, new_stream_parser, parse_result
 from .dialect import Dialect, hex_id
+from .generation import (
+    GenerationRequest,
+    GenerationResult,
+    chat_logprob_entries,
+    legacy_logprobs,
+    new_stream_parser,
+    parse_result,
+)
 
 
 def error_body(message: str, err_type: str = "BadRequestError", status: int = 400) -> dict:
@@ -39,15 +46,19 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _logprob_entry(token: str, logprob: float, utf8: list[int]) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": utf8}  # ChatCompletionLogProb's field order
+
+
 def _tool_call(tc) -> dict:
     return {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
 
 
-def chat_full(call: Call, res: Result, tokenizer) -> dict:
-    b = call.body
-    p = parse_result(call, res)
+def chat_full(req: GenerationRequest, res: GenerationResult, tokenizer) -> dict:
+    b = req.body
+    p = parse_result(req, res)
     for tc in p.tool_calls:
-        tc.id = call.dialect.tool_call_id()
+        tc.id = req.dialect.tool_call_id()
     msg = {"role": "assistant", "content": p.content, "refusal": None, "annotations": None, "audio": None,
            "function_call": None}
     if p.tool_calls:
@@ -58,15 +69,16 @@ def chat_full(call: Call, res: Result, tokenizer) -> dict:
     finish = "tool_calls" if p.tool_calls else res.finish_reason
     lp = None
     if b.get("logprobs") and not hide:
-        lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")), False)}
+        lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")),
+                                                 _logprob_entry)}
     want_ids = bool(b.get("return_token_ids")) and not hide
     choice = {"index": 0, "message": msg, "logprobs": lp, "finish_reason": finish, "stop_reason": res.stop_reason,
               "token_ids": res.ids if want_ids else None}
-    return {"id": call.request_id, "object": "chat.completion", "created": call.created, "model": call.model_name,
+    return {"id": req.request_id, "object": "chat.completion", "created": req.created, "model": req.model_name,
             "choices": [choice], "service_tier": None, "system_fingerprint": None,
-            "usage": _usage(len(call.prompt_ids), len(res.steps)), "prompt_logprobs": None,
-            "prompt_token_ids": call.prompt_ids if want_ids else None,
-            "prompt_text": call.prompt_text if b.get("return_prompt_text") else None,
+            "usage": _usage(len(req.prompt_ids), len(res.steps)), "prompt_logprobs": None,
+            "prompt_token_ids": req.prompt_ids if want_ids else None,
+            "prompt_text": req.prompt_text if b.get("return_prompt_text") else None,
             "kv_transfer_params": None}
 
 
@@ -97,24 +109,24 @@ def _merge(deltas: list[dict]) -> dict:
     return out
 
 
-async def chat_stream(calls: list[Call], queues: list, tokenizer):
-    """One stream for n choices (n = len(calls), one generation each). Like vLLM: the first chunk of
+async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer):
+    """One stream for n choices (n = len(reqs), one generation each). Like vLLM: the first chunk of
     every choice (role, prompt ids) goes out before any token; then each chunk carries one choice
     by its index. Our engine generates the choices one after the other, so their chunks come in
     index order rather than token-interleaved (both are valid vLLM streams: clients key on index)."""
-    call = calls[0]
-    b = call.body
-    head = {"id": call.request_id, "object": "chat.completion.chunk", "created": call.created, "model": call.model_name}
+    req = reqs[0]
+    b = req.body
+    head = {"id": req.request_id, "object": "chat.completion.chunk", "created": req.created, "model": req.model_name}
     usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
-    for i in range(len(calls)):
+    for i in range(len(reqs)):
         first = dict(head, choices=[{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}],
-                     prompt_token_ids=call.prompt_ids if b.get("return_token_ids") else None, prompt_text=None)
+                     prompt_token_ids=req.prompt_ids if b.get("return_token_ids") else None, prompt_text=None)
         if b.get("return_prompt_text"):
-            first["prompt_text"] = call.prompt_text
+            first["prompt_text"] = req.prompt_text
         yield _sse(first)
-    counts = [0] * len(calls)
-    for i, (c, q) in enumerate(zip(calls, queues)):
+    counts = [0] * len(reqs)
+    for i, (c, q) in enumerate(zip(reqs, queues)):
         failed = False
         async for chunk in _choice_chunks(c, q, tokenizer, i, head, counts):
             failed = failed or "error" in chunk
@@ -122,20 +134,20 @@ async def chat_stream(calls: list[Call], queues: list, tokenizer):
         if failed:
             break
     if usage_on:
-        u = _usage(len(call.prompt_ids), sum(counts))
+        u = _usage(len(req.prompt_ids), sum(counts))
         u.pop("prompt_tokens_details")
         yield _sse(dict(head, choices=[], usage=u))
     yield b"data: [DONE]\n\n"
 
 
-async def _choice_chunks(call: Call, queue, tokenizer, index: int, head: dict, counts: list[int]):
+async def _choice_chunks(req: GenerationRequest, queue, tokenizer, index: int, head: dict, counts: list[int]):
     """The content chunks of choice `index` (dicts), ending with its finish chunk or an error body."""
-    b = call.body
+    b = req.body
     hide = b.get("include_reasoning", True) is False  # vLLM's hide_stream_metadata
     want_ids = bool(b.get("return_token_ids")) and not hide
     want_lp = bool(b.get("logprobs")) and not hide
     as_ids = bool(b.get("return_tokens_as_token_ids"))
-    parser = new_stream_parser(call)
+    parser = new_stream_parser(req)
     text, pending = "", []
     saw_tool = False
     while True:
@@ -155,7 +167,7 @@ async def _choice_chunks(call: Call, queue, tokenizer, index: int, head: dict, c
         if not deltas and not final and not want_ids and not want_lp:
             continue  # vLLM skips a token without a delta unless ids or logprobs were asked for
         choice = {"index": index, "delta": _merge(deltas) if deltas else {},
-                  "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, False)} if want_lp else None,
+                  "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)} if want_lp else None,
                   "finish_reason": None}
         if final:
             choice["finish_reason"] = "tool_calls" if saw_tool and ev.finish_reason == "stop" else ev.finish_reason
@@ -168,39 +180,26 @@ async def _choice_chunks(call: Call, queue, tokenizer, index: int, head: dict, c
 
 
 # -- /v1/completions ------------------------------------------------------------------------------
-def legacy_logprobs(tokenizer, steps, as_ids: bool, offset0: int = 0) -> dict:
-    toks, lps, tops, offs = [], [], [], []
-    off = offset0
-    for st in steps:
-        t = logprob_token(tokenizer, st.token_id, as_ids)
-        toks.append(t)
-        lps.append(st.logprob)
-        tops.append({logprob_token(tokenizer, i, as_ids): lp for i, lp in st.top} if st.top else None)
-        offs.append(off)
-        off += len(tokenizer.decode([st.token_id]))
-    return {"text_offset": offs, "token_logprobs": lps, "tokens": toks, "top_logprobs": tops}
-
-
-def completion_full(call: Call, res: Result, tokenizer) -> dict:
-    b = call.body
+def completion_full(req: GenerationRequest, res: GenerationResult, tokenizer) -> dict:
+    b = req.body
     want_ids = bool(b.get("return_token_ids"))
     echo = bool(b.get("echo"))
     lp = None
     if b.get("logprobs") is not None and b.get("logprobs") is not False:
         lp = legacy_logprobs(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")))
-    text = (call.prompt_text + res.text) if echo else res.text
-    ids = (call.prompt_ids + res.ids) if echo else res.ids
+    text = (req.prompt_text + res.text) if echo else res.text
+    ids = (req.prompt_ids + res.ids) if echo else res.ids
     choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": res.finish_reason,
               "stop_reason": res.stop_reason, "token_ids": ids if want_ids else None, "prompt_logprobs": None,
-              "prompt_token_ids": call.prompt_ids if want_ids else None}
-    return {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name,
+              "prompt_token_ids": req.prompt_ids if want_ids else None}
+    return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model_name,
             "choices": [choice], "service_tier": None, "system_fingerprint": None,
-            "usage": _usage(len(call.prompt_ids), len(res.steps)), "kv_transfer_params": None}
+            "usage": _usage(len(req.prompt_ids), len(res.steps)), "kv_transfer_params": None}
 
 
-async def completion_stream(call: Call, queue, tokenizer):
-    b = call.body
-    head = {"id": call.request_id, "object": "text_completion", "created": call.created, "model": call.model_name}
+async def completion_stream(req: GenerationRequest, queue, tokenizer):
+    b = req.body
+    head = {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model_name}
     want_ids = bool(b.get("return_token_ids"))
     want_lp = b.get("logprobs") is not None and b.get("logprobs") is not False
     as_ids = bool(b.get("return_tokens_as_token_ids"))
@@ -224,22 +223,26 @@ async def completion_stream(call: Call, queue, tokenizer):
         if want_ids:
             choice["token_ids"] = [s.token_id for s in steps]
             if first:
-                choice["prompt_token_ids"] = call.prompt_ids
+                choice["prompt_token_ids"] = req.prompt_ids
         first = False
         yield _sse(dict(head, choices=[choice]))
         if final:
             break
     if usage_on:
-        yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(call.prompt_ids),
-                                                 "total_tokens": len(call.prompt_ids) + n, "completion_tokens": n}))
+        yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(req.prompt_ids),
+                                                 "total_tokens": len(req.prompt_ids) + n, "completion_tokens": n}))
     yield b"data: [DONE]\n\n"
 
 
 class VLLM(Dialect):
     name = "vllm"
     render = VLLM_RENDER
-    split_reasoning = staticmethod(parsers.split_reasoning_vllm)
+    tool_start = parsers.TOOL_START
+    tool_end = parsers.TOOL_END
     checks_model_name = True
+
+    def split_reasoning(self, text, thinking):
+        return parsers.split_reasoning_vllm(text, thinking)
 
     def split_tools(self, rest, tool_names, partial):
         return parsers.split_tools_vllm(rest, partial)
@@ -247,8 +250,11 @@ class VLLM(Dialect):
     def tool_call_id(self) -> str:
         return f"chatcmpl-tool-{hex_id()}"
 
-    def request_id(self, kind: str) -> str:
-        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{hex_id()}"
+    def chat_id(self) -> str:
+        return f"chatcmpl-{hex_id()}"
+
+    def completion_id(self) -> str:
+        return f"cmpl-{hex_id()}"
 
     def model_name(self, body: dict, served_name: str) -> str:
         return served_name
@@ -257,17 +263,17 @@ class VLLM(Dialect):
         t = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
         return error_body(message, t, status)
 
-    def chat_full(self, server, call, res, started):
-        return chat_full(call, res, server.model.tokenizer)
+    def chat_full(self, server, req, res, started):
+        return chat_full(req, res, server.model.tokenizer)
 
-    def chat_stream(self, server, calls, queues, headers):
-        return chat_stream(calls, queues, server.model.tokenizer)
+    def chat_stream(self, server, reqs, queues, headers):
+        return chat_stream(reqs, queues, server.model.tokenizer)
 
-    def completion_full(self, server, call, res):
-        return completion_full(call, res, server.model.tokenizer)
+    def completion_full(self, server, req, res):
+        return completion_full(req, res, server.model.tokenizer)
 
-    def completion_stream(self, server, call, queue):
-        return completion_stream(call, queue, server.model.tokenizer)
+    def completion_stream(self, server, req, queue):
+        return completion_stream(req, queue, server.model.tokenizer)
 
     def model_card(self, server, name, created):
         return {"id": name, "object": "model", "created": created, "owned_by": "vllm",

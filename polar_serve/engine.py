@@ -7,7 +7,6 @@ loop through `call_soon_threadsafe`, so streams flush token by token while the l
 from __future__ import annotations
 
 import asyncio
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -59,7 +58,6 @@ class Engine:
     def __init__(self, model: ServedModel):
         self.model = model
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-serve-model")
-        self.busy = threading.Lock()
 
     def run_sync(self, fn, *args):
         """Run `fn(model, *args)` on the worker thread; await its result."""

@@ -15,7 +15,6 @@ after temperature and top-k/top-p masking (masked tokens get -inf, reported floo
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +86,6 @@ class Qwen3Runner:
 
     def __init__(self, hf_model):
         cfg = hf_model.config
-        self.cfg = cfg
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -309,14 +307,13 @@ def _step(lp_row: torch.Tensor, tok: int, k: int) -> TokenStep:
 
 
 class ServedModel:
-    """Tokenizer + weights + a small pool of prefix caches. Not thread-safe: callers hold `lock`."""
+    """Tokenizer + weights + a small pool of prefix caches. Not thread-safe: engine.Engine runs
+    everything on one worker thread."""
 
     POOL = 4
     CACHE_BUDGET = 2 << 30  # bytes of pooled KV caches (a 20k-token Qwen3-0.6B cache is ~4.6 GB in fp32)
 
     def __init__(self, model_dir: str | Path):
-        self.lock = threading.Lock()
-        self.weight_version = 0
         self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
@@ -334,10 +331,9 @@ class ServedModel:
         self.hf = hf
         self.runner = Qwen3Runner(hf) if hf.config.model_type == "qwen3" else HFRunner(hf)
         self.caches: list[KVCache] = []
-        self.eos_ids = self._eos_ids(d, hf)
+        self.eos_ids = self._eos_ids(hf)
         self.gen_defaults = self._gen_defaults(d)
         self.max_len = int(getattr(hf.config, "max_position_embeddings", 32768))
-        self.weight_version += 1
 
     @staticmethod
     def _gen_defaults(d: Path) -> dict:
@@ -351,7 +347,7 @@ class ServedModel:
         return {k: cfg[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in cfg}
 
     @staticmethod
-    def _eos_ids(d: Path, hf) -> tuple[int, ...]:
+    def _eos_ids(hf) -> tuple[int, ...]:
         ids = []
         for src in (getattr(hf, "generation_config", None), hf.config):
             e = getattr(src, "eos_token_id", None) if src is not None else None

@@ -6,8 +6,9 @@ generation_config > OpenAI defaults").
 """
 from __future__ import annotations
 
-from .model import SamplingParams
 from polar_recon.chat_render import RequestError
+
+from .model import SamplingParams
 
 
 def _num(body: dict, key: str, kind=float, lo=None, hi=None):

@@ -16,8 +16,7 @@ import torch
 
 from polar_recon.assets import QWEN3_TOKENIZER
 
-# The real tokenizer is bundled data (copied from Qwen/Qwen3-0.6B, see its PROVENANCE.md).
-TOKENIZER_DIR = QWEN3_TOKENIZER
+# The real tokenizer is bundled data (polar_data, copied from Qwen/Qwen3-0.6B: see its PROVENANCE.md).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "LICENSE", "PROVENANCE.md")
 
 TINY_CONFIG = dict(
@@ -38,7 +37,7 @@ TINY_CONFIG = dict(
 )
 
 
-def make_tiny(out_dir: str | Path, seed: int = 0, tokenizer_dir: str | Path = TOKENIZER_DIR) -> Path:
+def make_tiny(out_dir: str | Path, seed: int = 0, tokenizer_dir: str | Path = QWEN3_TOKENIZER) -> Path:
     """Write config, safetensors weights and the real tokenizer files to `out_dir`; return it."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

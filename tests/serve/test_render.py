@@ -29,9 +29,9 @@ def _bodies():
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
 def test_prompt_ids_equal_apply_chat_template_tokenize_true(tok, dialect):
     for name, body in _bodies():
-        text, ids = render_chat(tok, body, render_rules(render_rules(dialect)))
-        msgs = template_messages(body["messages"], render_rules(render_rules(dialect)))
-        tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), render_rules(render_rules(dialect)))
+        text, ids = render_chat(tok, body, render_rules(dialect))
+        msgs = template_messages(body["messages"], render_rules(dialect))
+        tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), render_rules(dialect))
         ref = tok.apply_chat_template(msgs, tools=tools, tokenize=True, add_generation_prompt=True)
         ref = ref["input_ids"] if isinstance(ref, dict) or hasattr(ref, "keys") else ref
         assert ids == list(ref), name
@@ -40,14 +40,14 @@ def test_prompt_ids_equal_apply_chat_template_tokenize_true(tok, dialect):
 
 def test_text_parts_join_newline_vllm_space_sglang(tok):
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
-    assert "<|im_start|>user\na\nb<|im_end|>" in render_chat(tok, body, render_rules(render_rules("vllm")))[0]
-    assert "<|im_start|>user\na b<|im_end|>" in render_chat(tok, body, render_rules(render_rules("sglang")))[0]
+    assert "<|im_start|>user\na\nb<|im_end|>" in render_chat(tok, body, render_rules("vllm"))[0]
+    assert "<|im_start|>user\na b<|im_end|>" in render_chat(tok, body, render_rules("sglang"))[0]
 
 
 def test_tool_null_fields_differ(tok):
     body = {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL]}
-    v = render_chat(tok, body, render_rules(render_rules("vllm")))[0]
-    s = render_chat(tok, body, render_rules(render_rules("sglang")))[0]
+    v = render_chat(tok, body, render_rules("vllm"))[0]
+    s = render_chat(tok, body, render_rules("sglang"))[0]
     assert '{"type": "function", "function": {"name": "bash", "description": null, "parameters":' in v
     assert '{"description": null, "name": "bash", "parameters":' in s and '"defer_loading": null' in s
     assert "defer_loading" not in v
@@ -55,16 +55,16 @@ def test_tool_null_fields_differ(tok):
 
 def test_tool_choice_none_drops_tools_only_on_sglang(tok):
     body = {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": "none"}
-    assert "# Tools" in render_chat(tok, body, render_rules(render_rules("vllm")))[0]
-    assert "# Tools" not in render_chat(tok, body, render_rules(render_rules("sglang")))[0]
+    assert "# Tools" in render_chat(tok, body, render_rules("vllm"))[0]
+    assert "# Tools" not in render_chat(tok, body, render_rules("sglang"))[0]
 
 
 def test_enable_thinking_false_and_continue_final_message(tok):
     body = {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": False}}
-    assert render_chat(tok, body, render_rules(render_rules("vllm")))[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert render_chat(tok, body, render_rules("vllm"))[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "partial"}],
             "continue_final_message": True, "add_generation_prompt": False}
-    assert render_chat(tok, body, render_rules(render_rules("vllm")))[0].endswith("partial")
+    assert render_chat(tok, body, render_rules("vllm"))[0].endswith("partial")
 
 
 def test_tool_call_arguments_are_reserialized_by_the_template(tok):
@@ -73,7 +73,7 @@ def test_tool_call_arguments_are_reserialized_by_the_template(tok):
                 {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
             {"role": "tool", "tool_call_id": "c", "content": "ok"}]
     for d in ("vllm", "sglang"):
-        assert '{"name": "bash", "arguments": {"command": "ls"}}' in render_chat(tok, {"messages": msgs}, render_rules(render_rules(d)))[0]
+        assert '{"name": "bash", "arguments": {"command": "ls"}}' in render_chat(tok, {"messages": msgs}, render_rules(d))[0]
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -87,5 +87,5 @@ def test_tool_call_arguments_are_reserialized_by_the_template(tok):
 ])
 def test_bad_requests_name_the_problem(tok, body, needle):
     with pytest.raises(RequestError) as e:
-        render_chat(tok, body, render_rules(render_rules("vllm")))
+        render_chat(tok, body, render_rules("vllm"))
     assert needle in str(e.value)

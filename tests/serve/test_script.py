@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from polar_serve.parsers import parse_output
 from polar_recon.chat_render import RequestError, render_chat, render_rules
 from polar_serve.dialects import DIALECTS
+from polar_serve.parsers import parse_output
 from polar_serve.script import ScriptError, choose_reply, load_script, turn_index, validate_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_scripted_turn_re_renders_token_for_token(tok, script):
     content, and pi which sends reasoning_content back)."""
     bodies = _bodies("pi")
     body0 = bodies[0]
-    _, p0 = render_chat(tok, body0, render_rules(render_rules("sglang")))
+    _, p0 = render_chat(tok, body0, render_rules("sglang"))
     reply = choose_reply(script, body0, thinking=True)
     c0 = tok.encode(reply.text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
     parsed = parse_output(reply.text, DIALECTS["sglang"], True, True, {"bash"})
@@ -94,5 +94,5 @@ def test_scripted_turn_re_renders_token_for_token(tok, script):
                  "tool_calls": [{"id": "c1", "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
                                 for t in parsed.tool_calls]}
     body1 = dict(body0, messages=body0["messages"] + [assistant, {"role": "tool", "tool_call_id": "c1", "content": "ok"}])
-    _, p1 = render_chat(tok, body1, render_rules(render_rules("sglang")))
+    _, p1 = render_chat(tok, body1, render_rules("sglang"))
     assert p1[:len(p0) + len(c0)] == p0 + c0

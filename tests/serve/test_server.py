@@ -13,9 +13,9 @@ import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from polar_serve.model import ServedModel
 from tests.serve import layouts as L
 from tests.support.servers import polar_serve
-from polar_serve.model import ServedModel
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures" / "harness-requests"
@@ -85,8 +85,8 @@ def _choice_ids(dialect, d):
 
 def _expected_prompt(ref_model, dialect, body):
     from polar_recon.chat_render import render_rules, template_messages, template_tools
-    msgs = template_messages(body["messages"], render_rules(render_rules(dialect)))
-    tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), render_rules(render_rules(dialect)))
+    msgs = template_messages(body["messages"], render_rules(dialect))
+    tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), render_rules(dialect))
     out = ref_model.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=True, add_generation_prompt=True,
                                                   **(body.get("chat_template_kwargs") or {}))
     return list(out["input_ids"] if hasattr(out, "keys") else out)

@@ -1,8 +1,10 @@
-"""The dialect-independent part of a chat / completions request: prompt, job, parsing, collection.
+"""A chat or completions request as one generation, and what the generation produced.
 
-A request becomes a `Call` (prompt ids, sampling, parser settings, flags); the engine produces
-token Events; `collect` folds them into a `Result` for non-streaming answers, and the dialect
-modules turn a Result (or the live Events) into each server's exact JSON.
+A request body becomes a `GenerationRequest` (prompt ids, the engine Job, parser settings, the ids
+and names its answer reports); the engine produces token Events; `collect_result` folds them into a
+`GenerationResult` for non-streaming answers, and the dialect modules turn a GenerationResult (or
+the live Events) into each server's exact JSON. Nothing here depends on which server is imitated
+beyond what the Dialect object says.
 """
 from __future__ import annotations
 
@@ -10,17 +12,19 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from .engine import Event, Job
-from .dialect import Dialect
-from .model import SamplingParams, TokenStep
-from .parsers import Parsed, StreamParser, parse_output
-from .params import sampling_params, stop_list
 from polar_recon.chat_render import RequestError, render_chat, thinking_enabled
+
+from .dialect import Dialect
+from .engine import Event, Job
+from .model import TokenStep
+from .params import sampling_params, stop_list
+from .parsers import Parsed, StreamParser, parse_output
 from .script import choose_reply
 
 
 @dataclass
-class Call:
+class GenerationRequest:
+    """One generation a request asks for, with everything its answer needs to report."""
     body: dict
     dialect: Dialect
     model_name: str            # the name the response reports
@@ -28,7 +32,6 @@ class Call:
     created: int
     prompt_ids: list[int]
     prompt_text: str
-    params: SamplingParams
     job: Job
     thinking: bool = True
     tools_active: bool = False
@@ -37,7 +40,8 @@ class Call:
 
 
 @dataclass
-class Result:
+class GenerationResult:
+    """The produced tokens and text, and why the generation ended."""
     steps: list[TokenStep] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "stop"
@@ -46,6 +50,14 @@ class Result:
     @property
     def ids(self) -> list[int]:
         return [s.token_id for s in self.steps]
+
+    def add(self, ev: Event) -> None:
+        """Fold in a token or done Event (a done Event may carry the last token)."""
+        if ev.step is not None:
+            self.steps.append(ev.step)
+            self.text += ev.text
+        if ev.kind == "done":
+            self.finish_reason, self.stop_reason = ev.finish_reason, ev.stop_reason
 
 
 def _tools_active(body: dict) -> bool:
@@ -56,14 +68,15 @@ def _tools_active(body: dict) -> bool:
     return tc != "none"
 
 
-def build_chat_call(model, body: dict, dialect: Dialect, served_name: str, script: dict | None) -> Call:
+def chat_request(model, body: dict, dialect: Dialect, served_name: str, script: dict | None) -> GenerationRequest:
+    """A /v1/chat/completions body as a generation (rendered prompt, sampling, scripted reply)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    sg_input_ids = body.get("input_ids") if dialect.chat_input_ids else None
-    if sg_input_ids is not None:
-        if not isinstance(sg_input_ids, list) or not all(isinstance(x, int) for x in sg_input_ids):
+    input_ids = body.get("input_ids") if dialect.chat_input_ids else None
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not all(isinstance(x, int) for x in input_ids):
             raise RequestError("'input_ids' must be a list of integers")
-        prompt_text, prompt_ids = model.tokenizer.decode(sg_input_ids), list(sg_input_ids)
+        prompt_text, prompt_ids = model.tokenizer.decode(input_ids), list(input_ids)
     else:
         prompt_text, prompt_ids = render_chat(model.tokenizer, body, dialect.render)
     params = sampling_params(body, model.gen_defaults, model.max_len, len(prompt_ids), chat=True)
@@ -87,12 +100,13 @@ def build_chat_call(model, body: dict, dialect: Dialect, served_name: str, scrip
     tc = body.get("tool_choice")
     if isinstance(tc, dict):
         names = {(tc.get("function") or {}).get("name")}
-    return Call(body, dialect, dialect.model_name(body, served_name), dialect.request_id("chat"),
-                int(time.time()), prompt_ids, prompt_text, job.params, job, thinking,
-                _tools_active(body), names, source)
+    return GenerationRequest(body, dialect, dialect.model_name(body, served_name), dialect.chat_id(),
+                             int(time.time()), prompt_ids, prompt_text, job, thinking, _tools_active(body), names,
+                             source)
 
 
-def build_completion_call(model, body: dict, dialect: Dialect, served_name: str) -> Call:
+def completion_request(model, body: dict, dialect: Dialect, served_name: str) -> GenerationRequest:
+    """A /v1/completions body as a generation (one prompt: text or token ids)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     prompt = body.get("prompt")
@@ -115,63 +129,62 @@ def build_completion_call(model, body: dict, dialect: Dialect, served_name: str)
                            "(batched prompts are not supported by polar-serve)")
     params = sampling_params(body, model.gen_defaults, model.max_len, len(ids), chat=False)
     job = Job(ids, params, stop=stop_list(body), include_stop_str=bool(body.get("include_stop_str_in_output")))
-    return Call(body, dialect, dialect.model_name(body, served_name), dialect.request_id("cmpl"),
-                int(time.time()), ids, text, params, job, thinking=False)
+    return GenerationRequest(body, dialect, dialect.model_name(body, served_name), dialect.completion_id(),
+                             int(time.time()), ids, text, job, thinking=False)
 
 
-async def collect(queue) -> Result:
-    res = Result()
+async def collect_result(queue) -> GenerationResult:
+    """Await a job's Events; the GenerationResult once it is done (its error raised if it failed)."""
+    res = GenerationResult()
     while True:
         ev: Event = await queue.get()
-        if ev.kind == "token":
-            res.steps.append(ev.step)
-            res.text += ev.text
-        elif ev.kind == "done":
-            if ev.step is not None:
-                res.steps.append(ev.step)
-                res.text += ev.text
-            res.finish_reason, res.stop_reason = ev.finish_reason, ev.stop_reason
-            return res
-        else:
+        if ev.kind == "error":
             raise ev.error
+        res.add(ev)
+        if ev.kind == "done":
+            return res
 
 
-def parse_result(call: Call, res: Result) -> Parsed:
-    return parse_output(res.text, call.dialect, call.thinking, call.tools_active, call.tool_names)
+def parse_result(req: GenerationRequest, res: GenerationResult) -> Parsed:
+    return parse_output(res.text, req.dialect, req.thinking, req.tools_active, req.tool_names)
 
 
-def new_stream_parser(call: Call) -> StreamParser:
-    return StreamParser(call.dialect, call.thinking, call.tools_active, call.tool_names)
+def new_stream_parser(req: GenerationRequest) -> StreamParser:
+    return StreamParser(req.dialect, req.thinking, req.tools_active, req.tool_names)
 
 
 def logprob_token(tokenizer, tid: int, as_ids: bool) -> str:
     return f"token_id:{tid}" if as_ids else tokenizer.decode([tid])
 
 
-def chat_logprob_entries(tokenizer, steps: list[TokenStep], as_ids: bool, sglang: bool) -> list[dict]:
-    """`logprobs.content[]` entries (vLLM key order token/logprob/bytes; SGLang token/bytes/logprob)."""
+def chat_logprob_entries(tokenizer, steps: list[TokenStep], as_ids: bool, entry) -> list[dict]:
+    """`logprobs.content[]` entries; `entry(token, logprob, utf8_bytes)` is the dialect's layout of one."""
     out = []
     for st in steps:
         tok = logprob_token(tokenizer, st.token_id, as_ids)
         tops = []
         for tid, lp in st.top:
             t = logprob_token(tokenizer, tid, as_ids)
-            tops.append(_lp(t, lp, sglang))
-        e = _lp(tok, st.logprob, sglang)
+            tops.append(entry(t, lp, _utf8(t)))
+        e = entry(tok, st.logprob, _utf8(tok))
         e["top_logprobs"] = tops
         out.append(e)
     return out
 
 
-def _lp(tok: str, lp: float, sglang: bool) -> dict:
-    b = list(tok.encode("utf-8", errors="replace"))
-    return {"token": tok, "bytes": b, "logprob": lp} if sglang else {"token": tok, "logprob": lp, "bytes": b}
+def _utf8(tok: str) -> list[int]:
+    return list(tok.encode("utf-8", errors="replace"))
 
 
-def reasoning_token_count(ids: list[int], tokenizer, through_end: bool) -> int:
-    """SGLang counts reasoning tokens through `</think>`, vLLM between the tags."""
-    end = tokenizer.convert_tokens_to_ids("</think>")
-    if end in ids:
-        i = ids.index(end)
-        return i + 1 if through_end else max(i - (1 if ids and ids[0] == end - 1 else 0), 0)
-    return 0
+def legacy_logprobs(tokenizer, steps: list[TokenStep], as_ids: bool, offset0: int = 0) -> dict:
+    """The /v1/completions `logprobs` object (OpenAI's legacy layout, the same in both servers)."""
+    toks, lps, tops, offs = [], [], [], []
+    off = offset0
+    for st in steps:
+        t = logprob_token(tokenizer, st.token_id, as_ids)
+        toks.append(t)
+        lps.append(st.logprob)
+        tops.append({logprob_token(tokenizer, i, as_ids): lp for i, lp in st.top} if st.top else None)
+        offs.append(off)
+        off += len(tokenizer.decode([st.token_id]))
+    return {"text_offset": offs, "token_logprobs": lps, "tokens": toks, "top_logprobs": tops}
