@@ -47,7 +47,7 @@ class TimedSource:
     """Wraps ShardSource.next_group to note when each group is handed to the trainer."""
 
     def __init__(self, src):
-        self.src, self.handed = src, {}
+        self.handed: dict[str, float] = {}
         self.blocked = threading.Event()  # set while the trainer asks for a group
         self._orig = src.next_group
         src.next_group = self.next_group
