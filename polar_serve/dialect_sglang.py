@@ -180,7 +180,7 @@ async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer, he
         return dict(head, choices=choices, usage=usage, **extra)
 
     results, finishes = [], []
-    for i, (c, q) in enumerate(zip(reqs, queues)):
+    for i, (c, q) in enumerate(zip(reqs, queues, strict=True)):
         yield _sse(chunk([{"index": i, "delta": dict(_empty_delta(), role="assistant", content=""), "logprobs": None,
                            "finish_reason": None, "matched_stop": None}]))
         res, tail = GenerationResult(), {}
@@ -191,7 +191,7 @@ async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer, he
             yield _sse(chunk([choice]))
         results.append(res)
         finishes.append(tail)
-    for i, (res, tail) in enumerate(zip(results, finishes)):
+    for i, (res, tail) in enumerate(zip(results, finishes, strict=True)):
         finish = "tool_calls" if tail["saw_tool"] and res.finish_reason == "stop" else res.finish_reason
         yield _sse(chunk([{"index": i, "delta": _empty_delta(), "logprobs": tail["logprobs"], "finish_reason": finish,
                            "matched_stop": _matched(res)}]))
@@ -246,7 +246,9 @@ async def _choice_deltas(req: GenerationRequest, queue, tokenizer, index: int, r
         if ev.kind == "done":
             break
     tail["saw_tool"] = saw_tool
-    tail["logprobs"] = {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)} if want_lp and pending else None
+    tail["logprobs"] = None
+    if want_lp and pending:
+        tail["logprobs"] = {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)}
 
 
 # -- /v1/completions ------------------------------------------------------------------------------
@@ -334,7 +336,8 @@ async def generate(server, request):
               "stop": sp.get("stop"), "stop_token_ids": sp.get("stop_token_ids"), "ignore_eos": sp.get("ignore_eos")}
     params = sampling_params(openai, server.model.gen_defaults, server.model.max_len, len(ids), chat=False)
     job = Job(ids, params, stop=stop_list(openai))
-    req = GenerationRequest(body, server.dialect, server.served_name, hex_id(), int(time.time()), ids, text, job, thinking=False)
+    req = GenerationRequest(body, server.dialect, server.served_name, hex_id(), int(time.time()), ids, text, job,
+                            thinking=False)
     started = time.time()
     q = server.engine.stream(job)
     lp = bool(body.get("return_logprob"))

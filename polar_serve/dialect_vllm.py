@@ -126,7 +126,7 @@ async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer):
             first["prompt_text"] = req.prompt_text
         yield _sse(first)
     counts = [0] * len(reqs)
-    for i, (c, q) in enumerate(zip(reqs, queues)):
+    for i, (c, q) in enumerate(zip(reqs, queues, strict=True)):
         failed = False
         async for chunk in _choice_chunks(c, q, tokenizer, i, head, counts):
             failed = failed or "error" in chunk
@@ -166,9 +166,8 @@ async def _choice_chunks(req: GenerationRequest, queue, tokenizer, index: int, h
             deltas = [d for d in deltas if "reasoning" not in d]
         if not deltas and not final and not want_ids and not want_lp:
             continue  # vLLM skips a token without a delta unless ids or logprobs were asked for
-        choice = {"index": index, "delta": _merge(deltas) if deltas else {},
-                  "logprobs": {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)} if want_lp else None,
-                  "finish_reason": None}
+        lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)} if want_lp else None
+        choice = {"index": index, "delta": _merge(deltas) if deltas else {}, "logprobs": lp, "finish_reason": None}
         if final:
             choice["finish_reason"] = "tool_calls" if saw_tool and ev.finish_reason == "stop" else ev.finish_reason
             choice["stop_reason"] = ev.stop_reason

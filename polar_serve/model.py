@@ -160,7 +160,8 @@ class Qwen3Runner:
             if rows < n:
                 x, h = x[:, n - rows:], h[:, n - rows:]
             q = F.linear(h, at.q_proj.weight, at.q_proj.bias).view(1, rows, self.n_heads, self.head_dim)
-            q = self._rot(_rms(q, at.q_norm.weight, self.eps).transpose(1, 2), cos[:, :, n - rows:], sin[:, :, n - rows:])
+            q = self._rot(_rms(q, at.q_norm.weight, self.eps).transpose(1, 2),
+                          cos[:, :, n - rows:], sin[:, :, n - rows:])
             kk, vv = cache.k[li][:, :, :end], cache.v[li][:, :, :end]
             causal, mask = False, None
             if rows > 1:
@@ -290,7 +291,7 @@ def sample_step(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -
     top = []
     if p.top_logprobs > 0:
         k = p.top_logprobs
-        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(lp[:k].tolist(), idx[:k].tolist())]
+        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(lp[:k].tolist(), idx[:k].tolist(), strict=True)]
         if len(top) < k:  # the rest of the vocabulary is masked: -inf, floored like vLLM
             rest = [i for i in range(x.shape[-1]) if i not in set(idx.tolist())][:k - len(top)]
             top += [(i, LOGPROB_FLOOR) for i in rest]
@@ -302,7 +303,7 @@ def _step(lp_row: torch.Tensor, tok: int, k: int) -> TokenStep:
     top = []
     if k > 0:
         vals, idx = torch.topk(lp_row, k)
-        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(vals.tolist(), idx.tolist())]
+        top = [(int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
     return TokenStep(tok, lp, top)
 
 
@@ -417,7 +418,7 @@ class ServedModel:
             rest = self.runner.forward(cache, forced[:-1]) if len(forced) > 1 else hidden[:0]
             hs = torch.cat([h_last, rest], 0)
             steps = []
-            for row, tok in zip(self.runner.logits(hs), forced):
+            for row, tok in zip(self.runner.logits(hs), forced, strict=True):
                 lp_row = torch.log_softmax(process_logits(row, p), -1)
                 steps.append(_step(lp_row, tok, p.top_logprobs))
             return steps

@@ -109,7 +109,8 @@ def split_tools_vllm(rest: str, partial: bool) -> tuple[str | None, list[ToolCal
     return (content or None), calls, True
 
 
-def split_tools_sglang(rest: str, tool_names: set[str] | None, partial: bool) -> tuple[str | None, list[ToolCallOut], bool]:
+def split_tools_sglang(rest: str, tool_names: set[str] | None,
+                       partial: bool) -> tuple[str | None, list[ToolCallOut], bool]:
     bot, eot = TOOL_START + "\n", "\n" + TOOL_END
     idx = rest.find(bot)
     if idx == -1:
@@ -250,7 +251,7 @@ class StreamParser:
     def _tool_deltas(self, rest: str, final_calls: list[ToolCallOut] | None) -> list[dict]:
         out = []
         d = self.dialect
-        for r, (body, closed) in enumerate(tool_regions(rest, d.tool_start, d.tool_end)):
+        for r, (body, _closed) in enumerate(tool_regions(rest, d.tool_start, d.tool_end)):
             if r in self.skipped:
                 continue
             if r >= len(self.scanners):

@@ -219,7 +219,8 @@ def render_reply(reply: dict, body: dict, thinking: bool, where: str) -> str:
         args = _arguments(tc, name, tools[name])
         if i > 0 or content:
             out += "\n"
-        out += '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(args, ensure_ascii=False) + "}\n</tool_call>"
+        arguments = json.dumps(args, ensure_ascii=False)
+        out += '<tool_call>\n{"name": "' + name + '", "arguments": ' + arguments + "}\n</tool_call>"
     return out
 
 

@@ -6,17 +6,19 @@ import sys
 
 import httpx
 
+from polar_recon.assets import QWEN3_TOKENIZER
 from tests.support.servers import REPO
 
 
 def test_make_tiny_is_deterministic_and_carries_the_real_tokenizer(tmp_path, tiny_model):
     out = tmp_path / "tiny"
-    r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--make-tiny", str(out)], cwd=REPO,
+    # Run outside the checkout: the tokenizer is packaged data (polar_recon.assets), not a repo path.
+    r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--make-tiny", str(out)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (out / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        assert (out / name).read_bytes() == (REPO / "data" / "tokenizers" / "qwen3" / name).read_bytes()
+        assert (out / name).read_bytes() == (QWEN3_TOKENIZER / name).read_bytes()
 
 
 def test_serve_fixture_port_zero_health_and_sglang_token_ids_layout(serve):

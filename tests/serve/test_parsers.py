@@ -112,7 +112,8 @@ def test_stream_deltas_fold_to_the_non_streaming_parse(idx, cuts, dialect, think
 
 ARGS = st.dictionaries(st.text(max_size=6), st.recursive(
     st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12).filter(lambda t: TOOL_END not in t) | st.sampled_from(["é 😀", 'a"b\\c\n', "<tool_call>\n", "{[,:]}"]),
+    | st.text(max_size=12).filter(lambda t: TOOL_END not in t)
+    | st.sampled_from(["é 😀", 'a"b\\c\n', "<tool_call>\n", "{[,:]}"]),
     lambda ch: st.lists(ch, max_size=3) | st.dictionaries(st.text(max_size=4), ch, max_size=3), max_leaves=8),
     max_size=4)
 RAW_STYLES = [dict(), dict(ensure_ascii=False), dict(separators=(",", ":")), dict(indent=1)]
@@ -158,7 +159,8 @@ def test_long_arguments_stream_in_many_fragments(dialect):
     sp = StreamParser(DIALECTS[dialect], False, True, {"bash"})
     feeds = [sp.feed(text[:i]) for i in range(1, len(text) + 1)] + [sp.feed(text, final=True)]
     frags = [d["tool_call"]["arguments"] for ds in feeds for d in ds if "arguments" in d.get("tool_call", {})]
-    assert len(frags) > 20 and "".join(frags) == parse_output(text, DIALECTS[dialect], False, True, {"bash"}).tool_calls[0].arguments
+    whole = parse_output(text, DIALECTS[dialect], False, True, {"bash"}).tool_calls[0].arguments
+    assert len(frags) > 20 and "".join(frags) == whole
     named = next(i for i, ds in enumerate(feeds) if any("name" in d.get("tool_call", {}) for d in ds))
     args_at = [i for i, ds in enumerate(feeds) if any("arguments" in d.get("tool_call", {}) for d in ds)]
     assert args_at[0] > named

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from polar_recon.assets import data_path
 from polar_recon.chat_render import RequestError, render_chat, render_rules
 from polar_serve.dialects import DIALECTS
 from polar_serve.parsers import parse_output
 from polar_serve.script import ScriptError, choose_reply, load_script, turn_index, validate_script
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "harness-requests"
-SCRIPT = REPO / "data" / "scripts" / "create_hello.json"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests"
+SCRIPT = data_path("scripts", "create_hello.json")
 
 
 def _bodies(name):
@@ -93,6 +93,7 @@ def test_scripted_turn_re_renders_token_for_token(tok, script):
     assistant = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning,
                  "tool_calls": [{"id": "c1", "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
                                 for t in parsed.tool_calls]}
-    body1 = dict(body0, messages=body0["messages"] + [assistant, {"role": "tool", "tool_call_id": "c1", "content": "ok"}])
+    tool_result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    body1 = dict(body0, messages=body0["messages"] + [assistant, tool_result])
     _, p1 = render_chat(tok, body1, render_rules("sglang"))
     assert p1[:len(p0) + len(c0)] == p0 + c0

@@ -99,7 +99,7 @@ def _check_logprobs(ref_model, prompt, ids, entries, temperature):
         logits = ref_model.hf.lm_head(hidden[len(prompt) - 1:-1])
     lp = torch.log_softmax(logits / temperature, -1)
     assert len(entries) == len(ids)
-    for i, (tid, e) in enumerate(zip(ids, entries)):
+    for i, (tid, e) in enumerate(zip(ids, entries, strict=True)):
         assert e["logprob"] == pytest.approx(float(lp[i, tid]), abs=2e-4)
         assert e["token"] == ref_model.tokenizer.decode([tid])
 
@@ -215,12 +215,14 @@ def test_stream_equals_non_stream_and_layout(srv, ref_model):
     full = _post(srv, "/v1/chat/completions", _sampled_body(**_ids_flags(srv.dialect))).json()
     fp, fids = _choice_ids(srv.dialect, full)
     assert (prompt, ids) == (fp, fids)            # same seed, same tokens, both paths
-    assert [e["logprob"] for e in lps] == pytest.approx([e["logprob"] for e in full["choices"][0]["logprobs"]["content"]])
+    full_lps = full["choices"][0]["logprobs"]["content"]
+    assert [e["logprob"] for e in lps] == pytest.approx([e["logprob"] for e in full_lps])
     assert text == (full["choices"][0]["message"]["content"] or "")
     usage = chunks[-1]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(ids)
     if srv.dialect == "vllm":
-        assert list(chunks[0]) == L.VLLM_FIRST_CHUNK and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert list(chunks[0]) == L.VLLM_FIRST_CHUNK
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert all(list(c) == L.VLLM_CHUNK for c in chunks[1:-1])
         assert list(usage) == L.VLLM_USAGE_CHUNK
         assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length")
@@ -421,7 +423,8 @@ def test_models_tokenize_detokenize_health(srv, ref_model):
     msgs = {"model": NAME, "messages": [{"role": "user", "content": "hi"}]}
     t = _post(srv, "/tokenize", msgs).json()
     assert t["tokens"] == _expected_prompt(ref_model, srv.dialect, msgs) and t["count"] == len(t["tokens"])
-    assert _post(srv, "/detokenize", {"tokens": t["tokens"]}).json()["prompt"] == ref_model.tokenizer.decode(t["tokens"])
+    detok = _post(srv, "/detokenize", {"tokens": t["tokens"]}).json()
+    assert detok["prompt"] == ref_model.tokenizer.decode(t["tokens"])
     assert _post(srv, "/detokenize", {"tokens": [-1]}).status_code == 400
 
 
