@@ -1,7 +1,9 @@
-"""Polar capture addon: ``mitmdump -s addon/polar_addon.py --set polar_logdir=DIR``.
+"""Polar capture addon: ``mitmdump -s "$(python -m addon)" --set polar_logdir=DIR`` (from a checkout
+``mitmdump -s addon/polar_addon.py``; the project must be installed in mitmdump's Python).
 
 Thin on purpose: options and mitmproxy hooks only. The protocol logic lives in sans-IO modules
-(routing, dialects, sse, stream, chat, completions, call, redact); episode files in episodes.py.
+(routing, dialects, sse, stream, chat, completions, call, redact); episode files in episodes.py;
+every change to mitmproxy itself in mitmproxy_patches.py.
 """
 from __future__ import annotations
 

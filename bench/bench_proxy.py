@@ -1,7 +1,8 @@
 """What the capture addon costs: direct vs bare mitmdump (streaming on) vs mitmdump + polar addon,
 side by side in one run, requests interleaved across the paths. A fourth path, bare mitmdump with
-only the addon's fast event dispatch (addon/dispatch.py), separates the addon's own cost from
-what that dispatch saves every flow.
+only the addon's fast event dispatch (addon/mitmproxy_patches.py), separates the addon's own cost
+from what that dispatch saves every flow; a fifth, "polar-stock", is the addon with its mitmproxy
+patches off (stock mitmproxy's dispatch, backlog and collector): the capture's cost on stock mitmproxy.
 
     .venv/bin/python bench/bench_proxy.py            # default run, about 2 minutes
     .venv/bin/python bench/bench_proxy.py --quick    # smaller counts, for a smoke check
@@ -305,6 +306,15 @@ def report(res, growing, args):
           f"CPU per non-stream call "
           f"{res['cpu_nonstream_ms'][a] - res['cpu_nonstream_ms'][f]:+.2f} ms one at a time, "
           f"{res['ns16'][a]['cpu_per_call_ms'] - res['ns16'][f]['cpu_per_call_ms']:+.2f} ms under load")
+    s = "polar-stock"
+    print(f"  the capture on stock mitmproxy (addon with its mitmproxy patches off) vs with them, over bare: "
+          f"non-stream p50 {res['paired_nonstream_ms'][s]:+.2f} vs {res['paired_nonstream_ms'][a]:+.2f} ms paired, "
+          f"first chunk {res['paired_ttfc_ms'][s]:+.2f} vs {res['paired_ttfc_ms'][a]:+.2f} ms paired, CPU per "
+          f"non-stream call {res['cpu_nonstream_ms'][s] - res['cpu_nonstream_ms'][b]:+.2f} vs "
+          f"{res['cpu_nonstream_ms'][a] - res['cpu_nonstream_ms'][b]:+.2f} ms one at a time, "
+          f"{res['ns16'][s]['cpu_per_call_ms'] - res['ns16'][b]['cpu_per_call_ms']:+.2f} vs "
+          f"{res['ns16'][a]['cpu_per_call_ms'] - res['ns16'][b]['cpu_per_call_ms']:+.2f} ms under load; "
+          f"256 streams errors {res['c256'][s]['errors']} vs {res['c256'][a]['errors']}")
     print(f"  peak RSS at 64 streams {res['c64'][a]['peak_rss_mib']:.0f} MiB (target <= 300); "
           f"256 streams errors {res['c256'][a]['errors']} (target 0)")
     if "baseline" in ns:
@@ -321,6 +331,10 @@ def report(res, growing, args):
     print(f"\ngrowing episode: {g['calls']} calls, prompts grow {g['mean_growth_tokens']:.0f} tokens a call; "
           f"log {g['file_bytes']} bytes vs {g['distinct_tokens']} distinct tokens x 4 = {g['distinct_bytes']} bytes: "
           f"ratio {g['ratio']:.2f} (target <= 1.5); full request texts would be {g['request_text_bytes']} bytes")
+
+
+# the addon's options that turn its mitmproxy patches off (path "polar-stock")
+STOCK_MITMPROXY = {"polar_fast_dispatch": "false", "polar_listen_backlog": "0", "polar_gc_freeze": "false"}
 
 
 def fake_backend(work: Path, dialect: str = "vllm", *, chunks: int = 12, gap_ms: float = 0, first_ms: float = 0,
@@ -369,10 +383,14 @@ def main(argv=None):
         fast = stack.enter_context(proxy(work, work / "unused", be.url,
                                          sets={"scripts": str(BENCH / "stream_on_fast_dispatch.py")}))
         polar = stack.enter_context(proxy(work, logdir, be.url, addon=addon_script(), sets={"polar_dialect": "vllm"}))
+        # the same addon with its mitmproxy patches off (addon/mitmproxy_patches.py): the capture on stock mitmproxy
+        stock = stack.enter_context(proxy(work, work / "stocklogs", be.url, addon=addon_script(),
+                                          sets={"polar_dialect": "vllm", **STOCK_MITMPROXY}))
         paths = {"direct": be.url + "/v1/chat/completions", "bare+stream": bare.url + "/v1/chat/completions",
-                 "bare+dispatch": fast.url + "/v1/chat/completions", "polar": polar.url + "/v1/chat/completions"}
+                 "bare+dispatch": fast.url + "/v1/chat/completions", "polar": polar.url + "/v1/chat/completions",
+                 "polar-stock": stock.url + "/v1/chat/completions"}
         procs = {"bare+stream": psutil.Process(bare.pid), "bare+dispatch": psutil.Process(fast.pid),
-                 "polar": psutil.Process(polar.pid)}
+                 "polar": psutil.Process(polar.pid), "polar-stock": psutil.Process(stock.pid)}
         if args.baseline:  # the addon of another checkout, side by side in the same run
             # (the other checkout's packages first, else its polar_addon.py imports this one's)
             other = Path(args.baseline).resolve()

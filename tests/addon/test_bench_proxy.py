@@ -24,6 +24,9 @@ def test_bench_proxy_quick(tmp_path):
     assert polar["ns16"]["polar"]["errors"] == 0
     assert polar["log"]["calls"] > 0
     assert res["growing"]["ratio"] <= 1.5, res["growing"]
-    for path in ("bare+dispatch", "polar"):  # (bare+dispatch: bare mitmdump with the addon's fast dispatch)
+    # (bare+dispatch: bare mitmdump with the addon's fast dispatch; polar-stock: the addon with its mitmproxy
+    # patches off, i.e. on stock mitmproxy)
+    for path in ("bare+dispatch", "polar", "polar-stock"):
         assert polar["nonstream"][path]["errors"] == 0 and polar["ns16"][path]["errors"] == 0, path
     assert "median of paired differences" in r.stdout and "the addon's own share" in r.stdout
+    assert "the capture on stock mitmproxy" in r.stdout
