@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="DIR", help="Hugging Face model directory to serve")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
+    # The names of dialects.DIALECTS, spelled out so that --help and bad flags answer without importing
+    # torch (tests/serve/test_cli.py checks that the two agree).
     p.add_argument("--dialect", choices=("vllm", "sglang"), default="vllm")
     p.add_argument("--script", metavar="FILE", help="scripted mode: replies come from FILE (see polar_serve/script.py)")
     p.add_argument("--served-model-name", nargs="+", default=None,

@@ -1,4 +1,5 @@
-"""SGLang 0.5.23 wire format: chat / completions / native /generate layouts, sglext, errors.
+"""SGLang 0.5.23 wire format: chat / completions / native /generate layouts, sglext, errors; and the
+handlers of the routes only SGLang has (/generate, /get_model_info; registered by SGLang.extra_routes).
 
 Followed: `srt/entrypoints/openai/protocol.py` (ChatMessage, ChatCompletionResponseChoice with its
 serializer dropping unset id fields, DeltaMessage, ChatCompletionStreamResponse with `sglext`,

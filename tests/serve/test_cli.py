@@ -41,3 +41,12 @@ def test_bad_script_and_missing_model_exit_2_with_a_message(tmp_path, tiny_model
     r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--model", str(tmp_path / "nope")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no config.json" in r.stderr
+
+
+def test_dialect_choices_name_the_dialect_objects():
+    from polar_serve.cli import _parser
+    from polar_serve.dialects import DIALECTS
+
+    action = next(a for a in _parser()._actions if a.dest == "dialect")
+    assert tuple(action.choices) == tuple(DIALECTS)
+    assert all(name == d.name for name, d in DIALECTS.items())
