@@ -6,11 +6,11 @@
 """
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.resources import files
 
 
 def script_path() -> str:
-    return str(Path(__file__).resolve().with_name("polar_addon.py"))
+    return str(files("addon").joinpath("polar_addon.py"))
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def test_big_event_in_many_reads_and_one_line_fast_path():
 
 
 @settings(max_examples=500)
-@given(st.binary(max_size=64).map(lambda b: b.replace(b"\r", b"")) | st.lists(st.sampled_from([b"a", b"\n", b"1,", b"\n\n"]), max_size=40).map(b"".join),
+@given(st.binary(max_size=64).map(lambda b: b.replace(b"\r", b""))
+       | st.lists(st.sampled_from([b"a", b"\n", b"1,", b"\n\n"]), max_size=40).map(b"".join),
        st.integers(min_value=0, max_value=70))
 def test_blank_line_search_is_bytes_find(buf, start):
     assert _blank_line(buf, start, len(buf)) == buf.find(b"\n\n", start)

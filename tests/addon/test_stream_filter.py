@@ -24,13 +24,13 @@ def sse(objs, nl="\n"):
 def vllm_chat_chunks(with_ids, harness_lp=False):
     head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     toks = [("Hé", 101, -0.5), ("llo", 102, -0.25), (" 日本", 103, -1.0)]
-    lp = lambda t, l: {"content": [{"token": t, "logprob": l, "bytes": list(t.encode()), "top_logprobs": []}]}
+    lp = lambda t, lpv: {"content": [{"token": t, "logprob": lpv, "bytes": list(t.encode()), "top_logprobs": []}]}
     first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}], "prompt_token_ids": [1, 2, 3] if with_ids else None,
              "prompt_text": None}
     out = [first]
-    for t, i, l in toks:
-        ch = {"index": 0, "delta": {"content": t}, "logprobs": lp(t, l) if (with_ids or harness_lp) else None,
+    for t, i, lpv in toks:
+        ch = {"index": 0, "delta": {"content": t}, "logprobs": lp(t, lpv) if (with_ids or harness_lp) else None,
               "finish_reason": None, "token_ids": [i] if with_ids else None}
         out.append({**head, "choices": [ch], "kv_transfer_params": None})
     out.append({**head, "choices": [{"index": 0, "delta": {}, "logprobs": lp("", -0.1) if (with_ids or harness_lp) else None,
@@ -74,7 +74,7 @@ def test_vllm_empty_delta_chunks():
     """With return_token_ids or logprobs vLLM also sends chunks for tokens without text; without
     them it skips those tokens. Dropped only when the harness did not ask for logprobs."""
     head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    e = lambda t, l: {"token": t, "logprob": l, "bytes": [], "top_logprobs": []}
+    e = lambda t, lpv: {"token": t, "logprob": lpv, "bytes": [], "top_logprobs": []}
     first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}], "prompt_token_ids": [1], "prompt_text": None}
     empty = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": {"content": [e("<x>", -1.0)]},
@@ -117,9 +117,10 @@ def sglang_chunks(with_ids, usage):
     head = {"id": "s1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     out = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None, "matched_stop": None}]}]
-    for t, l in [("a", -0.5), ("b", -0.7)]:
+    for t, lpv in [("a", -0.5), ("b", -0.7)]:
         out.append({**head, "choices": [{"index": 0, "delta": {"content": t},
-                                         "logprobs": {"content": [{"token": t, "bytes": [97], "logprob": l, "top_logprobs": []}]} if with_ids else None,
+                                         "logprobs": {"content": [{"token": t, "bytes": [97], "logprob": lpv,
+                                                                   "top_logprobs": []}]} if with_ids else None,
                                          "finish_reason": None, "matched_stop": None}]})
     out.append({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop",
                                      "matched_stop": 151645}]})
@@ -154,8 +155,8 @@ def completions_chunks(dialect, with_ids):
     head = {"id": "k", "object": "text_completion", "created": 1, "model": "m"}
     nul = "absent"  # both servers leave the id keys out of unrequested completions chunks
     out = []
-    for j, (t, i, l) in enumerate([("x", 9, -0.5), ("y", 10, -0.25)]):
-        ch = {"index": 0, "text": t, "logprobs": {"tokens": [t], "token_logprobs": [l], "top_logprobs": [None],
+    for j, (t, i, lpv) in enumerate([("x", 9, -0.5), ("y", 10, -0.25)]):
+        ch = {"index": 0, "text": t, "logprobs": {"tokens": [t], "token_logprobs": [lpv], "top_logprobs": [None],
                                                   "text_offset": [j]} if with_ids else None,
               "finish_reason": "length" if j else None}
         if with_ids:

@@ -57,7 +57,7 @@ def installed(tmp_path_factory):
 
 def test_packages_come_from_the_wheel(installed):
     venv, work, env = installed
-    code = "import json, importlib; print(json.dumps({p: importlib.import_module(p).__file__ for p in %r}))" % (PACKAGES,)
+    code = f"import json, importlib; print(json.dumps({{p: importlib.import_module(p).__file__ for p in {PACKAGES!r}}}))"
     where = json.loads(_run([str(venv / "bin" / "python"), "-c", code], work, env))
     for pkg, path in where.items():
         assert Path(path).resolve().is_relative_to(venv.resolve()), f"{pkg} imported from {path}, not the wheel"
