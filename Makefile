@@ -9,7 +9,10 @@ HARNESSES := pi qwen-code codex claude-code mini-swe-agent aider
 # polar uses ~/.cache/polar unless POLAR_CACHE says otherwise (harness_recipes/cache.py).
 export POLAR_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: install sysdeps harnesses lint test demo bench clean
+VLLM_VENV := $(POLAR_CACHE)/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install sysdeps harnesses vllm lint test demo bench clean
 
 install: $(STAMP)
 
@@ -21,6 +24,19 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	$(VENV)/bin/pip check
 	touch $(STAMP)
+
+# The real vLLM (CPU build, requirements-vllm.txt) in its own environment, built once and kept in the cache.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt
+	# vLLM pulls CUDA builds of these, which break `import vllm`; a text model needs none of them.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
 
 # System packages (chromium, bubblewrap, docker.io, npm) when missing; needs root to install them.
 sysdeps:
@@ -35,7 +51,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # Lint, then the whole suite, with a quiet dockerd (no bridge) for the docker runtime tests.
-test: install sysdeps harnesses lint
+test: install sysdeps harnesses vllm lint
 	bash .ci/with-dockerd.sh $(VENV)/bin/python -m pytest -q tests
 
 demo: install sysdeps

@@ -3,6 +3,7 @@
     $POLAR_HARNESS_CACHE              the harness CLIs (one prefix per recipe), if set
     $POLAR_CACHE                      else everything under here, if set
     $XDG_CACHE_HOME/polar             else (~/.cache/polar when XDG_CACHE_HOME is unset)
+    $POLAR_VLLM_PYTHON                the real vLLM's Python, else <cache>/vllm-venv/bin/python
 
 An installed wheel has no checkout to put a `.cache/` in, so the default is the user's cache
 directory. The Makefile exports POLAR_CACHE=$(CURDIR)/.cache, so `make harnesses`, `make test` and
@@ -28,6 +29,12 @@ def polar_cache(*parts: str) -> Path:
 def harness_cache() -> Path:
     """The directory of the harness CLI installs: <this>/<recipe name>/."""
     return Path(os.environ.get("POLAR_HARNESS_CACHE") or polar_cache("harnesses"))
+
+
+def vllm_python() -> Path:
+    """The Python of the real vLLM's own environment (`make vllm` builds it: vLLM's pins conflict with
+    mitmproxy's, so it cannot share ours): $POLAR_VLLM_PYTHON, else <cache>/vllm-venv/bin/python."""
+    return Path(os.environ.get("POLAR_VLLM_PYTHON") or polar_cache("vllm-venv", "bin", "python"))
 
 
 def tiny_model(seed: int = TINY_SEED) -> Path:

@@ -120,7 +120,7 @@ def wait_ready(p: Proc, *, port: int | None = None, ready_line: str | None = Non
 def running(cmd: list[str], *, log: Path | None = None, port: int | None = None, ready_line: str | None = None,
             timeout: float = 60.0, cwd: str | Path | None = None, env: dict[str, str] | None = None,
             echo: Callable[[str], None] | None = None, stop_signal: int = signal.SIGTERM,
-            grace: float = 10.0) -> Iterator[Proc]:
+            grace: float = 10.0, what: str = "") -> Iterator[Proc]:
     """Run `cmd` for the duration of the block; yield its Proc once it is ready.
 
     Ready: `port` (on 127.0.0.1; then `url` is http://127.0.0.1:PORT) accepts a connection, or a line
@@ -142,7 +142,7 @@ def running(cmd: list[str], *, log: Path | None = None, port: int | None = None,
         p.url = f"http://{HOST}:{port}"
     try:
         if port is not None or ready_line is not None:
-            wait_ready(p, port=port, ready_line=ready_line, timeout=timeout)
+            wait_ready(p, port=port, ready_line=ready_line, timeout=timeout, what=what)
         yield p
     finally:
         stop(proc, stop_signal, grace)

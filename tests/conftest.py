@@ -1,4 +1,4 @@
-"""Project-wide pytest fixtures: the tiny Qwen3 model and a polar-serve factory."""
+"""Project-wide pytest fixtures: the tiny Qwen3 model, a polar-serve factory, and the real vLLM."""
 from __future__ import annotations
 
 import contextlib
@@ -11,13 +11,33 @@ import pytest
 # as `make test` does (harness_recipes/cache.py); set before anything reads it, children inherit it.
 os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 
+from harness_recipes.cache import vllm_python  # noqa: E402
+from harness_recipes.stack import vllm  # noqa: E402
 from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
+
+# The name the real vLLM serves the tiny model under in the suite, and the flags it starts with
+# (besides stack.VLLM_FLAGS): one server for the whole session, so every test that needs flags of
+# its own adds them here rather than starting another (40-100 s and 3.2 GB each).
+VLLM_MODEL_NAME = "polar-model"
+VLLM_EXTRA_ARGS: list[str] = []
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
     """Path of the tiny random Qwen3 (real tokenizer), built once into .cache/tiny-qwen3/."""
     return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tiny_model, tmp_path_factory):
+    """The real vLLM 0.32 (CPU build, `make vllm`) serving the tiny Qwen3, started once per test
+    session (it takes 40-100 s and 3.2 GB) and stopped by pid at the end. `.url` is its base URL."""
+    python = vllm_python()
+    if not python.exists():
+        pytest.skip(f"the real vLLM is not installed at {python}: run `make vllm`")
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=VLLM_EXTRA_ARGS, log=log) as p:
+        yield p
 
 
 @pytest.fixture
