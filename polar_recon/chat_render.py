@@ -12,10 +12,11 @@ Sources followed (read through the code index; see wire-formats.md for the byte-
   `tojson`); a `reasoning` / `reasoning_content` on an assistant message is passed as both names;
   tools are `tool.model_dump()` = {"type", "function": {"name", "description" (null kept),
   "parameters", <extra keys>}} and stay in the prompt even with `tool_choice: "none"`.
-- SGLang `srt/entrypoints/openai/serving_chat.py` (`_apply_jinja_template`) and `protocol.py`
-  (`Function`): text parts are joined with " "; arguments are json-decoded too; tools are
-  `item.function.model_dump()` = {"description", "name", "parameters", "strict", "defer_loading"}
-  (0.5.23 keeps `defer_loading: null`), and they leave the prompt when `tool_choice` is "none".
+- SGLang 0.5.23: chat_render_sglang.py (rules `SGLANG_RENDER` dispatch there): its pydantic models'
+  dumps (`Tool.model_dump()` = {"type", "function": {...in the client's key order...},
+  "defer_loading"}), text parts joined with " ", tools left out with `tool_choice: "none"`, a
+  final assistant turn rendered as a user turn (or cut off and appended as ids with
+  `continue_final_message`); tests/serve/test_sglang_render.py checks it against the wheel's code.
 The template itself is the tokenizer's own (`tokenizer.apply_chat_template`), never re-implemented.
 """
 from __future__ import annotations
@@ -81,11 +82,11 @@ class RenderRules:
     null_content_as_empty: bool  # SGLang hands `content: null` to the template as ""
     reasoning_aliases: tuple[str, ...]  # names an assistant turn's reasoning is passed under
     tools_dropped_on_none: bool  # SGLang leaves tools out of the prompt with tool_choice "none"
-    whole_tool: bool             # vLLM passes {"type", "function": {...}}; SGLang the function only
+    whole_tool: bool             # {"type", "function": {...}} (both servers; SGLang: chat_render_sglang)
 
 
 VLLM_RENDER = RenderRules("vllm", "\n", False, ("reasoning_content", "reasoning"), False, True)
-SGLANG_RENDER = RenderRules("sglang", " ", True, ("reasoning_content",), True, False)
+SGLANG_RENDER = RenderRules("sglang", " ", True, ("reasoning_content",), True, True)  # see chat_render_sglang
 RENDER_RULES = {r.name: r for r in (VLLM_RENDER, SGLANG_RENDER)}
 
 
@@ -99,6 +100,9 @@ def render_rules(dialect: str | None) -> RenderRules:
 
 def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
     """The message dicts the server hands to the chat template."""
+    if rules.name == "sglang":
+        from . import chat_render_sglang
+        return chat_render_sglang.template_messages(messages)[0]
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list")
     sep = rules.part_separator
@@ -142,6 +146,9 @@ def _check_tools(tools: Any) -> list[dict]:
 
 def template_tools(tools: Any, tool_choice: Any, rules: RenderRules) -> list[dict] | None:
     """The tool dicts the server passes as `tools=` to the chat template (None = no tools)."""
+    if rules.name == "sglang":
+        from . import chat_render_sglang
+        return chat_render_sglang.template_tools({"tools": tools, "tool_choice": tool_choice})
     if tools is None:
         return None
     tools = _check_tools(tools)
@@ -188,6 +195,10 @@ def template_kwargs(body: dict) -> dict:
 
 def render_text(tokenizer, body: dict, rules: RenderRules) -> str:
     """The chat request rendered by the model's own template as the server renders it."""
+    if rules.name == "sglang":
+        from . import chat_render_sglang
+        text, prefix = chat_render_sglang.render(tokenizer, body)
+        return text + (prefix or "")
     msgs = template_messages(body.get("messages"), rules)
     tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), rules)
     kw = template_kwargs(body)
@@ -199,6 +210,9 @@ def render_text(tokenizer, body: dict, rules: RenderRules) -> str:
 
 def render_chat(tokenizer, body: dict, rules: RenderRules) -> tuple[str, list[int]]:
     """Rendered prompt text and its token ids for a chat request."""
+    if rules.name == "sglang":
+        from . import chat_render_sglang
+        return chat_render_sglang.render_chat(tokenizer, body)
     text = render_text(tokenizer, body, rules)
     return text, tokenizer.encode(text, add_special_tokens=False)
 
