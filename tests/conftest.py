@@ -12,6 +12,7 @@ import pytest
 os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 
 from harness_recipes.cache import vllm_python  # noqa: E402
+from harness_recipes.forced_replies import vllm_plugin_args, vllm_plugin_env  # noqa: E402
 from harness_recipes.stack import vllm  # noqa: E402
 from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
@@ -19,7 +20,11 @@ from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 # (besides stack.VLLM_FLAGS): one server for the whole session, so every test that needs flags of
 # its own adds them here rather than starting another (40-100 s and 3.2 GB each).
 VLLM_MODEL_NAME = "polar-model"
-VLLM_EXTRA_ARGS: list[str] = []
+# The ForcedReply logits processor (harness_recipes/forced_replies.py): a no-op for requests without
+# `vllm_xargs.polar_forced`, so every other test sees plain vLLM; tests/vllm/test_harness_vllm.py
+# scripts the harnesses through it. VLLM_ENV: what vLLM's environment needs to import it.
+VLLM_EXTRA_ARGS: list[str] = [*vllm_plugin_args()]
+VLLM_ENV: dict[str, str] = vllm_plugin_env()
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +41,7 @@ def real_vllm(tiny_model, tmp_path_factory):
     if not python.exists():
         pytest.skip(f"the real vLLM is not installed at {python}: run `make vllm`")
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=VLLM_EXTRA_ARGS, log=log) as p:
+    with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=VLLM_EXTRA_ARGS, env=VLLM_ENV, log=log) as p:
         yield p
 
 
