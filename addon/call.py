@@ -13,7 +13,7 @@ import orjson
 
 from . import chat, completions
 from .capture import CallCapture, dumps_like, dumps_like_python
-from .dialects import REQUEST_KEYS, Plan, plan_request, strip_response
+from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
 from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
 from .stream import StreamFilter, TranslatedStream
@@ -129,6 +129,8 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
     """Parse and rewrite the request. Returns the body to send upstream, or None to pass the
     harness's request through untouched (bad JSON: the server answers it as it would directly)."""
     head = request_head(raw, _HEAD_KEYS) if call.translator is None else None
+    if head is not None and needs_whole_body(call.api, call.dialect, head[0]):
+        head = None  # (rare: a completions echo, whose prompt the plan needs)
     if head is not None:  # the top-level fields only (jsonhead.py)
         fields, size = head
         call.pending_request = (raw, UNPARSED)
@@ -285,6 +287,8 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
                      weight_version=call.header_weight_version, error="; ".join(errors), notes=notes or None)]
     version = weight_version(call, notes)
     out = []
+    if call.plan is not None and call.plan.not_captured:
+        errors.append(call.plan.not_captured)
     for r in call.cap.rows():
         missing = r.pop("missing")
         errs = errors + ([scrub(missing)] if missing else [])  # (errors are scrubbed already)

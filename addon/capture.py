@@ -140,14 +140,20 @@ class CallCapture:
             if not acc.seen_ids:
                 errors.append("server returned no completion token ids")
             comp = np.frombuffer(acc.ids, dtype=np.int32) if acc.seen_ids else None
-            if comp is not None and self.plan.echo and prompt is not None and len(comp) >= len(prompt):
-                comp = comp[len(prompt):]  # echo prepends the prompt ids to token_ids
+            echo = self.plan.echo and prompt is not None and comp is not None
+            if echo and self.plan.dialect != "vllm":  # (vLLM 0.32: token_ids is the completion only)
+                head = np.frombuffer(prompt, dtype=np.int32)
+                if len(comp) >= len(head) and np.array_equal(comp[:len(head)], head):
+                    comp = comp[len(head):]  # the echoed prompt ids in front of token_ids
+                else:
+                    errors.append("echo: the server's token_ids do not start with the prompt ids")
             lps = None
             if acc.seen_lps and not acc.lp_count_bad and comp is not None:
                 lps = np.frombuffer(acc.lps, dtype=np.float32)
-                if len(lps) != len(comp):
-                    self.notes.append(
-                        f"choice {i}: {len(lps)} logprobs for {len(comp)} completion ids; logprobs dropped")
+                if echo and len(lps) == len(prompt) + len(comp):
+                    lps = lps[len(prompt):]  # echo: the logprobs cover the prompt too
+                if len(lps) != len(comp):  # never a row whose logprobs do not belong to its ids
+                    errors.append(f"{len(lps)} logprobs for {len(comp)} completion ids")
                     lps = None
             elif comp is not None:
                 self.notes.append(f"choice {i}: server returned no logprobs")

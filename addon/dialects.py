@@ -49,6 +49,11 @@ class Plan:
     n: int = 1
     echo: bool = False
     harness_flags: frozenset = frozenset()  # id/meta flags the harness set truthy itself
+    # vLLM completions with echo, where the proxy asked for the ids: the prompt text of each prompt,
+    # which vLLM leaves out of `text` once return_token_ids is set (see plan_echo)
+    echo_texts: tuple[str, ...] | None = None
+    null_prompt_logprobs: bool = False  # echo + the proxy's logprobs filled `prompt_logprobs`: null it
+    not_captured: str | None = None  # why this call cannot be recorded exactly (the row's error)
 
     @property
     def added_logprobs(self) -> bool:
@@ -70,7 +75,15 @@ def _wants_logprobs(api: str, body: dict) -> bool:
 
 # Every top-level request key plan_request reads (the proxy reads just these, see jsonhead.py).
 REQUEST_KEYS = ("stream", "logprobs", "n", "echo", "return_token_ids", "return_prompt_token_ids",
-                "return_meta_info", "return_input_ids_in_sglext", "return_output_ids_in_sglext")
+                "return_meta_info", "return_input_ids_in_sglext", "return_output_ids_in_sglext",
+                "prompt_logprobs", "max_tokens")
+# plan_request also reads `prompt`, but only for a vLLM completions request with `echo` (the proxy
+# then parses that body whole: NEEDS_WHOLE_BODY).
+
+
+def needs_whole_body(api: str, dialect: str, head: dict) -> bool:
+    """Whether plan_request needs more than REQUEST_KEYS of this request (the echoed prompt)."""
+    return api == "completions" and dialect == "vllm" and bool(head.get("echo"))
 
 
 def plan_request(api: str, dialect: str, body: dict) -> Plan:
@@ -99,8 +112,41 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
     for k in own:  # the harness asked for it: nothing to add, and its answer keeps the field
         del added[k]
     n = body.get("n")
-    return Plan(api, dialect, stream, added, harness_lp, n if isinstance(n, int) and n > 0 else 1,
+    plan = Plan(api, dialect, stream, added, harness_lp, n if isinstance(n, int) and n > 0 else 1,
                 echo=bool(body.get("echo")), harness_flags=own)
+    if plan.echo and api == "completions" and dialect == "vllm":
+        plan_echo(plan, body)
+    return plan
+
+
+def plan_echo(plan: Plan, body: dict) -> None:
+    """vLLM 0.32 completions with ``echo`` (measured; completion/serving.py): with
+    ``return_token_ids`` the echoed prompt is left out of ``text`` (for token-id prompts vLLM
+    detokenizes them only without the flag), and ``token_ids`` is the completion only; with
+    ``logprobs`` the logprobs cover prompt + completion and ``prompt_logprobs`` is filled; a stream's
+    echo chunk (each choice's first) carries ``prompt_token_ids`` with or without the flag.
+    So the proxy puts the prompt text back in front of each choice's first ``text`` when the
+    prompt is text (it is what vLLM echoes), nulls the ``prompt_logprobs`` its own logprobs caused,
+    and where it cannot restore the harness's answer it asks for nothing and the row says why."""
+    if "return_token_ids" in plan.harness_flags:
+        texts = None  # the harness gets no echoed text directly either: nothing to put back
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            texts = (prompt,)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            texts = tuple(prompt)
+        else:
+            texts = None
+            plan.not_captured = ("not captured: echo with a prompt of token ids (vLLM echoes it as text only "
+                                 "without return_token_ids, so the proxy cannot ask for the ids)")
+    if body.get("max_tokens") == 0:
+        plan.not_captured = "not captured: echo with max_tokens 0 (the answer is the prompt, no completion)"
+    if plan.not_captured is not None:
+        plan.added = {}  # (then the answer has nothing of the proxy's: the strips below change nothing)
+        return
+    plan.echo_texts = texts
+    plan.null_prompt_logprobs = plan.added_logprobs and body.get("prompt_logprobs") is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,13 +168,14 @@ def _undo(obj: dict, key: str, how: str) -> bool:
 
 # How each dialect writes an id field it was not asked for: NULL (key kept, null) or DROP (absent).
 # (dialect, api, stream) -> (top-level keys, choice keys, how). From the servers' serializers:
-# vLLM dumps whole models for non-streaming answers and chat chunks set the id keys explicitly;
-# its completions chunks only set them when asked. SGLang excludes unset id fields.
+# vLLM dumps whole models for non-streaming answers, and its chat and completions chunks set the
+# id keys explicitly (completions chunks: both keys on every chunk, vLLM 0.32 measured). SGLang
+# excludes unset id fields.
 ID_FIELDS: dict[tuple[str, str, bool], tuple[tuple[str, ...], tuple[str, ...], str]] = {
     ("vllm", "chat", False): (("prompt_token_ids",), ("token_ids",), NULL),
     ("vllm", "chat", True): (("prompt_token_ids",), ("token_ids",), NULL),
     ("vllm", "completions", False): ((), ("prompt_token_ids", "token_ids"), NULL),
-    ("vllm", "completions", True): ((), ("prompt_token_ids", "token_ids"), DROP),
+    ("vllm", "completions", True): ((), ("prompt_token_ids", "token_ids"), NULL),
     ("sglang", "chat", False): ((), (), DROP),  # see _strip_sglang_chat
     ("sglang", "chat", True): ((), (), DROP),  # ids ride the sglext chunk instead
     ("sglang", "completions", False): ((), ("prompt_token_ids", "token_ids"), DROP),
@@ -145,7 +192,8 @@ def sglang_chat_caused(plan: Plan, choice: dict) -> tuple[str, ...]:
     caused = []
     if "return_token_ids" not in own:
         caused.append(out_key)
-    if "return_prompt_token_ids" not in own and not (out_key == "token_ids" and "return_token_ids" in own):
+    if "return_prompt_token_ids" not in own and "return_token_ids" not in own:
+        # (0.5.23's _build_chat_response also gives the prompt ids for return_token_ids alone)
         caused.append("prompt_token_ids")
     if "return_meta_info" not in own:
         caused.append("meta_info")
@@ -177,19 +225,64 @@ def _empty_chunk(obj: dict) -> bool:
     return True
 
 
+def _sglang_logprob_only(obj: dict) -> bool:
+    """An SGLang chat chunk that only exists because of the logprobs the proxy asked for: with a
+    reasoning or tool-call parser, serving_chat.py `_generate_stream_content` sends a step's
+    logprobs that no text chunk took (`<think>`, `</think>`, `<|im_end|>`, tool-call steps) in a
+    chunk whose delta is `{"reasoning_content": null}`; without logprobs it sends nothing."""
+    choices = obj.get("choices")
+    if not choices or obj.get("usage") is not None or obj.get("sglext") is not None:
+        return False
+    for ch in choices:
+        if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+            return False
+        delta = ch.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        for v in delta.values():
+            if v is not None:
+                return False
+    return True
+
+
 def _strip_setup(plan: Plan) -> tuple:
     top, keys, how = ID_FIELDS[(plan.dialect, plan.api, plan.stream)]
-    if "return_token_ids" in plan.harness_flags:  # the harness asked for the ids itself: keep them
+    if "return_token_ids" in plan.harness_flags or plan.not_captured:  # the proxy caused no ids: keep all
         top, keys = (), ()
+    elif plan.echo and plan.stream and plan.dialect == "vllm" and plan.api == "completions":
+        keys = ("token_ids",)  # vLLM sends the echo chunk's prompt_token_ids with or without the flag
     sgl_chat = plan.dialect == "sglang" and plan.api == "chat"
+    echo = ((plan.echo_texts, plan.n, plan.null_prompt_logprobs)
+            if plan.echo_texts is not None or plan.null_prompt_logprobs else None)
+    # empty-delta chunks exist directly too when the harness asked for ids or logprobs itself
+    drop_empty = (plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs
+                  and "return_token_ids" not in plan.harness_flags)
     return (top, keys, how, plan.added_logprobs, sgl_chat and plan.stream, sgl_chat and not plan.stream,
-            plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs)
+            drop_empty, echo)
+
+
+def _restore_echo(echo: tuple, ch: dict) -> bool:
+    """One vLLM completions choice (plan_echo): the echoed prompt text back in front of the choice's
+    first text (the one that carries ``prompt_token_ids``: the whole answer, or a choice's first
+    chunk), and ``prompt_logprobs`` null again when only the proxy's logprobs filled it."""
+    texts, n, null_prompt_lps = echo
+    changed = False
+    if null_prompt_lps and ch.get("prompt_logprobs") is not None:
+        ch["prompt_logprobs"] = None
+        changed = True
+    if texts is not None and ch.get("prompt_token_ids") is not None and isinstance(ch.get("text"), str):
+        i = ch.get("index", 0)
+        p = i // n if isinstance(i, int) else -1  # vLLM: choice index = prompt index * n + sample
+        if 0 <= p < len(texts):
+            ch["text"] = texts[p] + ch["text"]
+            changed = True
+    return changed
 
 
 def strip_response(plan: Plan, obj: dict) -> bool | None:
     """Remove the added fields from one response object (a stream chunk or a whole body).
     Returns True (changed), False (unchanged) or None (drop this stream event entirely)."""
-    top, keys, how, added_lp, sgl_stream, sgl_whole, vllm_chat_stream = plan.strip_setup
+    top, keys, how, added_lp, sgl_stream, sgl_whole, vllm_chat_stream, echo = plan.strip_setup
     changed = False
     for k in top:
         changed |= _undo(obj, k, how)
@@ -211,6 +304,8 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
         for ch in choices:
             if not isinstance(ch, dict):
                 continue
+            if echo is not None:  # (before the ids are nulled: their presence marks the echo chunk)
+                changed = _restore_echo(echo, ch) | changed
             for k in keys:
                 changed |= _undo(ch, k, how)
             if added_lp and ch.get("logprobs") is not None:  # (the _undo(ch, "logprobs", NULL) case)
@@ -218,6 +313,8 @@ def strip_response(plan: Plan, obj: dict) -> bool | None:
                 changed = True
     if vllm_chat_stream and _empty_chunk(obj):
         return None  # (when the harness asked for logprobs itself, it gets these chunks directly too)
+    if sgl_stream and added_lp and _sglang_logprob_only(obj):
+        return None  # (likewise: a harness that asked for logprobs gets them)
     return changed
 
 

@@ -43,7 +43,7 @@ def test_unknown_dialect():
 
 def _sglang_answer(out_key: str, with_prompt: bool, meta: bool) -> dict:
     ch = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": {"content": [
-        {"token": "hi", "logprob": -0.5}]}, "finish_reason": "stop", out_key: [5, 6]}
+        {"token": "hi", "logprob": -0.5}, {"token": "", "logprob": -0.1}]}, "finish_reason": "stop", out_key: [5, 6]}
     if with_prompt:
         ch["prompt_token_ids"] = [1, 2, 3]
     if meta:

@@ -153,19 +153,19 @@ def test_missing_ids_are_an_explicit_error():
 
 def completions_chunks(dialect, with_ids):
     head = {"id": "k", "object": "text_completion", "created": 1, "model": "m"}
-    nul = "absent"  # both servers leave the id keys out of unrequested completions chunks
     out = []
     for j, (t, i, lpv) in enumerate([("x", 9, -0.5), ("y", 10, -0.25)]):
         ch = {"index": 0, "text": t, "logprobs": {"tokens": [t], "token_logprobs": [lpv], "top_logprobs": [None],
                                                   "text_offset": [j]} if with_ids else None,
               "finish_reason": "length" if j else None}
-        if with_ids:
+        if dialect == "vllm":  # vLLM 0.32 (measured): both keys on every chunk, null when not requested
+            ch["stop_reason"] = None
+            ch["prompt_token_ids"] = [1, 2] if with_ids and j == 0 else None
+            ch["token_ids"] = [i] if with_ids else None
+        elif with_ids:  # SGLang leaves the id keys out of unrequested completions chunks
             ch["token_ids"] = [i]
             if j == 0:
                 ch["prompt_token_ids"] = [1, 2]
-        elif nul is None:
-            ch["prompt_token_ids"] = None
-            ch["token_ids"] = None
         out.append({**head, "choices": [ch]})
     return out + ["[DONE]"]
 
