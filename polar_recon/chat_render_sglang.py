@@ -298,7 +298,9 @@ def _message(m: Any, where: str) -> dict:
 
 def template_messages(messages: Any, continue_final: bool = False) -> tuple[list[dict], str | None]:
     """(messages for the template, assistant prefix encoded after the prompt or None)."""
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(messages, list):
+        raise RequestError("'messages' must be a list of messages")
+    if not messages:
         raise RequestError("Messages cannot be empty.")
     out = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
     prefix = None

@@ -3,8 +3,14 @@ handlers of the routes only SGLang has (/generate, /get_model_info; registered b
 
 Followed: `srt/entrypoints/openai/protocol.py` (ChatMessage, ChatCompletionResponseChoice with its
 serializer dropping unset id fields, DeltaMessage, ChatCompletionStreamResponse with `sglext`,
-ToolCall {id, index, type, function}, UsageInfo), `serving_chat.py` (first chunk `{role, content: ""}`,
-separate finish chunk with an empty delta and `matched_stop`, usage chunk after it),
+ToolCall {id, index, type, function}, UsageInfo with completion_tokens_details), `serving_chat.py`
+`_generate_chat_stream` / `_generate_stream_content` and `sse_utils.py` (the role, reasoning,
+plain-content, logprob-only and finish chunks are msgspec structs: no `usage` key, delta
+`{reasoning_content, role?, content?}`; the tool-call path's chunks, sglext and usage are pydantic
+dumps; a step's logprobs ride its reasoning or plain-content chunk, else a chunk of their own with
+delta `{"reasoning_content": null}`; the finish chunk carries none), `_build_chat_response`
+(content "" not null, tool_calls left out when none, `return_token_ids` implies the prompt ids,
+`metadata: {weight_version}`),
 `srt/managers/io_struct.py` (GenerateReqInput) and wire-formats.md:
 - ids on the choice: `prompt_token_ids` / `response_token_ids` (non-streaming only; the flags are
   rejected with `stream: true`), `meta_info` with `return_meta_info`. Later SGLang sources (and its
@@ -90,10 +96,15 @@ def _matched(res: GenerationResult) -> int | str | None:
     return res.steps[-1].token_id if res.steps else None
 
 
+def usage_info(prompt: int, completion: int, reasoning: int = 0) -> dict:
+    """protocol.UsageInfo as usage_processor.calculate_token_usage fills it."""
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None, "reasoning_tokens": reasoning,
+            "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None}
+
+
 def _usage(req: GenerationRequest, ids: list[int], tokenizer) -> dict:
-    p, c = len(req.prompt_ids), len(ids)
-    return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c, "prompt_tokens_details": None,
-            "reasoning_tokens": _reasoning_tokens(ids, tokenizer) if req.thinking else 0}
+    return usage_info(len(req.prompt_ids), len(ids), _reasoning_tokens(ids, tokenizer) if req.thinking else 0)
 
 
 def meta_info(req: GenerationRequest, res: GenerationResult, weight_version: str, started: float) -> dict:
@@ -117,7 +128,10 @@ def chat_full(req: GenerationRequest, res: GenerationResult, tokenizer, weight_v
         tcs = [{"id": req.dialect.tool_call_id(), "index": i, "type": "function",
                 "function": {"name": tc.name, "arguments": tc.arguments}} for i, tc in enumerate(p.tool_calls)]
     finish = "tool_calls" if tcs and res.finish_reason == "stop" else res.finish_reason
-    msg = {"role": "assistant", "content": p.content, "reasoning_content": p.reasoning, "tool_calls": tcs}
+    # ChatMessage: content "" rather than null, reasoning null when empty, tool_calls left out when none
+    msg = {"role": "assistant", "content": p.content or "", "reasoning_content": p.reasoning or None}
+    if tcs:
+        msg["tool_calls"] = tcs
     lp = None
     if b.get("logprobs"):
         lp = {"content": chat_logprob_entries(tokenizer, res.steps, bool(b.get("return_tokens_as_token_ids")),
@@ -130,37 +144,41 @@ def chat_full(req: GenerationRequest, res: GenerationResult, tokenizer, weight_v
             choice["prompt_token_ids"] = req.prompt_ids
         if b.get("return_token_ids"):
             choice["token_ids"] = res.ids
-    else:
-        if b.get("return_prompt_token_ids"):
+    else:  # 0.5.23 _build_chat_response: return_token_ids implies the prompt ids too
+        if b.get("return_prompt_token_ids") or b.get("return_token_ids"):
             choice["prompt_token_ids"] = req.prompt_ids
         if b.get("return_token_ids"):
             choice["response_token_ids"] = res.ids
     if b.get("return_meta_info"):
         choice["meta_info"] = meta_info(req, res, weight_version, started)
     return {"id": req.request_id, "object": "chat.completion", "created": req.created, "model": req.model_name,
-            "choices": [choice], "usage": _usage(req, res.ids, tokenizer), "metadata": None}
+            "choices": [choice], "usage": _usage(req, res.ids, tokenizer), "metadata": {"weight_version": weight_version}}
 
 
 def _flag(body: dict, headers, field: str, header: str) -> bool:
-    return bool(body.get(field)) or headers.get(header, "").strip().lower() in ("1", "true", "yes")
+    return bool(body.get(field)) or headers.get(header) == "1"  # _convert_to_internal_request: exactly "1"
 
 
-def _empty_delta() -> dict:
-    return {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+def _sse_delta(role: str | None = None, content: str | None = None, reasoning: str | None = None) -> dict:
+    """sse_utils.StreamDelta (msgspec, omit_defaults): `reasoning_content` always, role / content
+    only when set, in that field order."""
+    out: dict = {"reasoning_content": reasoning}
+    if role is not None:
+        out["role"] = role
+    if content is not None:
+        out["content"] = content
+    return out
 
 
-def _delta(d: dict) -> dict:
-    out = _empty_delta()
-    if "reasoning" in d:
-        out["reasoning_content"] = d["reasoning"]
-    elif "content" in d:
-        out["content"] = d["content"]
-    else:
-        tc = d["tool_call"]
-        named = "name" in tc
-        out["tool_calls"] = [{"id": tc.get("id") if named else None, "index": tc["index"], "type": "function",
-                              "function": {"name": tc.get("name") if named else None,
-                                           "arguments": "" if named else tc["arguments"]}}]
+def _model_delta(content: str | None = None, tool_call: dict | None = None) -> dict:
+    """protocol.DeltaMessage dumped by pydantic (the tool-call parser's chunks): every field, null
+    ones too, `tool_calls` only when set."""
+    out: dict = {"role": None, "content": content, "reasoning_content": None}
+    if tool_call is not None:
+        named = "name" in tool_call
+        out["tool_calls"] = [{"id": tool_call.get("id") if named else None, "index": tool_call["index"],
+                              "type": "function", "function": {"name": tool_call.get("name") if named else None,
+                                                               "arguments": "" if named else tool_call["arguments"]}}]
     return out
 
 
@@ -175,27 +193,25 @@ async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer, he
     usage_on = bool((b.get("stream_options") or {}).get("include_usage"))
     in_ids = _flag(b, headers, "return_input_ids_in_sglext", "x-sglext-return-input-ids")
     out_ids = _flag(b, headers, "return_output_ids_in_sglext", "x-sglext-return-output-ids")
-    framed = headers.get("x-sglext-ids-framed", "").strip().lower() in ("1", "true", "yes")
+    framed = headers.get("x-sglext-ids-framed") == "1"
 
-    def chunk(choices, usage=None, **extra):
+    def chunk(choices, usage=None, **extra):  # a pydantic ChatCompletionStreamResponse dump
         return dict(head, choices=choices, usage=usage, **extra)
 
     results, finishes = [], []
     for i, (c, q) in enumerate(zip(reqs, queues, strict=True)):
-        yield _sse(chunk([{"index": i, "delta": dict(_empty_delta(), role="assistant", content=""), "logprobs": None,
-                           "finish_reason": None, "matched_stop": None}]))
+        yield _sse(dict(head, choices=[_choice(i, _sse_delta(role="assistant", content=""))]))
         res, tail = GenerationResult(), {}
-        async for choice in _choice_deltas(c, q, tokenizer, i, res, tail):
-            if "error" in choice:
-                yield _sse(error_body(choice["error"], "InternalServerError", 500))
+        async for out in _choice_chunks(c, q, tokenizer, i, res, tail, head):
+            if "error" in out:
+                yield _sse(error_body(out["error"], "InternalServerError", 500))
                 return
-            yield _sse(chunk([choice]))
+            yield _sse(out)
         results.append(res)
         finishes.append(tail)
     for i, (res, tail) in enumerate(zip(results, finishes, strict=True)):
         finish = "tool_calls" if tail["saw_tool"] and res.finish_reason == "stop" else res.finish_reason
-        yield _sse(chunk([{"index": i, "delta": _empty_delta(), "logprobs": tail["logprobs"], "finish_reason": finish,
-                           "matched_stop": _matched(res)}]))
+        yield _sse(dict(head, choices=[_choice(i, _sse_delta(), finish=finish, matched=_matched(res))]))
     if in_ids or out_ids:
         ext = {}
         if in_ids:
@@ -208,25 +224,31 @@ async def chat_stream(reqs: list[GenerationRequest], queues: list, tokenizer, he
         else:
             yield _sse(body)
     if usage_on:
-        u = _usage(req, results[0].ids, tokenizer)
-        for r in results[1:]:  # the prompt counts once; completions and reasoning add up
-            more = _usage(req, r.ids, tokenizer)
-            u["completion_tokens"] += more["completion_tokens"]
-            u["reasoning_tokens"] += more["reasoning_tokens"]
-        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+        # calculate_streaming_usage: the prompt counts once; completions and reasoning add up
+        us = [_usage(req, r.ids, tokenizer) for r in results]
+        u = usage_info(len(req.prompt_ids), sum(x["completion_tokens"] for x in us), sum(x["reasoning_tokens"] for x in us))
         yield _sse(chunk([], usage=u))
     yield b"data: [DONE]\n\n"
 
 
-async def _choice_deltas(req: GenerationRequest, queue, tokenizer, index: int, res: GenerationResult, tail: dict):
-    """Choice `index`'s delta choices (one per parser delta; the first carries the logprobs of the
-    tokens since the last chunk). Fills `res` and `tail` (logprobs left for the finish chunk, and
-    whether a tool call was streamed); yields {"error": message} if the generation fails."""
+def _choice(index: int, delta: dict, logprobs=None, finish=None, matched=None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, "matched_stop": matched}
+
+
+async def _choice_chunks(req: GenerationRequest, queue, tokenizer, index: int, res: GenerationResult, tail: dict,
+                         head: dict):
+    """Choice `index`'s chunks, step by step as serving_chat.py `_generate_stream_content` makes
+    them (a reasoning and a tool-call parser configured, as for Qwen3): the reasoning text of a
+    step in one sse_utils chunk carrying the step's logprobs; answer text in one sse_utils chunk
+    with the logprobs too when no tool-call parsing is active, else in pydantic chunks (content,
+    then each tool-call delta) that carry none; logprobs still unattached after that (a step with
+    no text: `<think>`, `</think>`, `<|im_end|>`, or a tool-call step) in a chunk of their own whose
+    delta is `{"reasoning_content": null}`. Fills `res` and `tail` (whether a tool call was
+    streamed); yields {"error": message} if the generation fails."""
     b = req.body
     want_lp = bool(b.get("logprobs"))
     as_ids = bool(b.get("return_tokens_as_token_ids"))
     parser = new_stream_parser(req)
-    pending = []
     saw_tool = False
     while True:
         ev = await queue.get()
@@ -234,22 +256,31 @@ async def _choice_deltas(req: GenerationRequest, queue, tokenizer, index: int, r
             yield {"error": f"generation failed: {ev.error}"}
             return
         res.add(ev)
-        if ev.step is not None:
-            pending.append(ev.step)
+        lp = None
+        if want_lp and ev.step is not None:
+            lp = {"content": chat_logprob_entries(tokenizer, [ev.step], as_ids, _logprob_entry)}
         deltas = parser.feed(res.text, final=ev.kind == "done")
-        for i, d in enumerate(deltas):
-            saw_tool = saw_tool or "tool_call" in d
+        reasoning = "".join(d["reasoning"] for d in deltas if "reasoning" in d)
+        if reasoning:
+            yield dict(head, choices=[_choice(index, _sse_delta(reasoning=reasoning), lp)])
             lp = None
-            if want_lp and i == 0 and pending:
-                lp = {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)}
-                pending = []
-            yield {"index": index, "delta": _delta(d), "logprobs": lp, "finish_reason": None, "matched_stop": None}
+        if req.tools_active:
+            for d in deltas:
+                if "content" in d and d["content"]:
+                    yield dict(head, choices=[_choice(index, _model_delta(content=d["content"]))], usage=None)
+                elif "tool_call" in d:
+                    saw_tool = True
+                    yield dict(head, choices=[_choice(index, _model_delta(tool_call=d["tool_call"]))], usage=None)
+        else:
+            content = "".join(d["content"] for d in deltas if "content" in d and d["content"])
+            if content:
+                yield dict(head, choices=[_choice(index, _sse_delta(content=content), lp)])
+                lp = None
+        if lp is not None:
+            yield dict(head, choices=[_choice(index, _sse_delta(), lp)])
         if ev.kind == "done":
             break
     tail["saw_tool"] = saw_tool
-    tail["logprobs"] = None
-    if want_lp and pending:
-        tail["logprobs"] = {"content": chat_logprob_entries(tokenizer, pending, as_ids, _logprob_entry)}
 
 
 # -- /v1/completions ------------------------------------------------------------------------------
@@ -263,10 +294,7 @@ def completion_full(req: GenerationRequest, res: GenerationResult, tokenizer) ->
         choice["prompt_token_ids"] = req.prompt_ids
         choice["token_ids"] = res.ids
     return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model_name,
-            "choices": [choice], "usage": {"prompt_tokens": len(req.prompt_ids),
-                                           "total_tokens": len(req.prompt_ids) + len(res.steps),
-                                           "completion_tokens": len(res.steps), "prompt_tokens_details": None,
-                                           "reasoning_tokens": 0}, "metadata": None}
+            "choices": [choice], "usage": usage_info(len(req.prompt_ids), len(res.steps)), "metadata": None}
 
 
 async def completion_stream(req: GenerationRequest, queue):
@@ -294,10 +322,7 @@ async def completion_stream(req: GenerationRequest, queue):
         if ev.kind == "done":
             break
     if usage_on:
-        yield _sse(dict(head, choices=[], usage={"prompt_tokens": len(req.prompt_ids),
-                                                 "total_tokens": len(req.prompt_ids) + len(res.steps),
-                                                 "completion_tokens": len(res.steps), "prompt_tokens_details": None,
-                                                 "reasoning_tokens": 0}))
+        yield _sse(dict(head, choices=[], usage=usage_info(len(req.prompt_ids), len(res.steps))))
     yield b"data: [DONE]\n\n"
 
 
@@ -415,6 +440,12 @@ class SGLang(Dialect):
 
     def chat_full(self, server, req, res, started):
         return chat_full(req, res, server.model.tokenizer, server.weight_version, started, self.token_ids_field)
+
+    def chat_answer(self, server, reqs, results, started, prompt_logprobs=None):
+        out = super().chat_answer(server, reqs, results, started, prompt_logprobs)
+        u = out["usage"]  # (n > 1: summed; completion_tokens_details follows the sum)
+        out["usage"] = usage_info(u["prompt_tokens"], u["completion_tokens"], u["reasoning_tokens"])
+        return out
 
     def chat_stream(self, server, reqs, queues, headers):
         return chat_stream(reqs, queues, server.model.tokenizer, headers)

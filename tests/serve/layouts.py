@@ -33,9 +33,16 @@ VLLM_COMPLETION_CHOICE = ["index", "text", "logprobs", "finish_reason", "stop_re
 
 SGL_CHAT = ["id", "object", "created", "model", "choices", "usage", "metadata"]
 SGL_CHOICE = ["index", "message", "logprobs", "finish_reason", "matched_stop"]
-SGL_MESSAGE = ["role", "content", "reasoning_content", "tool_calls"]
+SGL_MESSAGE = ["role", "content", "reasoning_content"]  # ChatMessage drops tool_calls when None
+SGL_MESSAGE_TOOLS = ["role", "content", "reasoning_content", "tool_calls"]
 SGL_LOGPROB = ["token", "bytes", "logprob", "top_logprobs"]
-SGL_CHUNK = ["id", "object", "created", "model", "choices", "usage"]
+# Streams: the role, reasoning, plain-content, logprob-only and finish chunks are sse_utils msgspec
+# structs (omit_defaults: no `usage` key; delta {reasoning_content, role?, content?}); tool-call-path,
+# sglext and usage chunks are pydantic ChatCompletionStreamResponse dumps.
+SGL_CHUNK = ["id", "object", "created", "model", "choices"]
+SGL_MODEL_CHUNK = ["id", "object", "created", "model", "choices", "usage"]
 SGL_STREAM_CHOICE = ["index", "delta", "logprobs", "finish_reason", "matched_stop"]
-SGL_DELTA = ["role", "content", "reasoning_content", "tool_calls"]
-SGL_USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "reasoning_tokens"]
+SGL_DELTAS = (["reasoning_content"], ["reasoning_content", "role", "content"], ["reasoning_content", "content"])
+SGL_MODEL_DELTA = ["role", "content", "reasoning_content", "tool_calls"]
+SGL_USAGE = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "reasoning_tokens",
+             "completion_tokens_details"]
