@@ -214,7 +214,7 @@ def _empty_chunk(obj: dict) -> bool:
     logprobs vLLM sends a chunk even for a token that produced no text delta (wire-formats.md);
     without them it skips the token."""
     choices = obj.get("choices")
-    if not choices or obj.get("usage") is not None:
+    if not choices:  # (the usage chunk; with continuous_usage_stats every chunk has usage: no test)
         return False
     for ch in choices:  # (a loop, not all(genexpr): this runs for every stream chunk)
         if not isinstance(ch, dict) or ch.get("finish_reason") is not None:

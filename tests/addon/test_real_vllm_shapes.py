@@ -1,8 +1,9 @@
-"""vLLM 0.32 completions shapes the capture suite found against the real server (sans-IO): the
+"""vLLM 0.32 shapes the capture suite found against the real server (sans-IO): the
 answers below are the server's own bytes (tests/vllm/test_capture_real_vllm.py drives the real
-thing). With the proxy's flags vLLM leaves the echoed prompt out of `text`, fills
-`prompt_logprobs`, and its logprobs cover prompt + completion; `token_ids` is the completion
-only. The harness must get the answer it would have got without the flags, and the row the
+thing). Completions with echo: with the proxy's flags vLLM leaves the echoed prompt out of `text`,
+fills `prompt_logprobs`, and its logprobs cover prompt + completion; `token_ids` is the completion
+only. Completions streams write null id keys; chat streams send empty-delta chunks for the
+flags. The harness must get the answer it would have got without the flags, and the row the
 server's ids, or an error."""
 from __future__ import annotations
 
@@ -178,3 +179,16 @@ def test_vllm_chat_stream_empty_delta_chunks_kept_for_harness_token_ids():
     assert out == sse([first, ev("null", "null"), ev("null", '"length"')])
     assert cap.rows()[0]["completion_ids"].tolist() == [112951, 112951]
     assert strip_response(plan, json.loads(ev(lp, "null"))) is True
+
+
+def test_vllm_chat_stream_empty_delta_chunks_dropped_with_continuous_usage():
+    """With stream_options.continuous_usage_stats every chunk carries usage, also the empty-delta
+    chunks only the proxy's flags caused: still dropped (later chunks' usage is cumulative)."""
+    plan = plan_request("chat", "vllm", {"stream": True, "stream_options": {"continuous_usage_stats": True}})
+    head = '{"id":"c","object":"chat.completion.chunk","created":1,"model":"polar-model","choices":['
+    usage = ',"usage":{"prompt_tokens":19,"total_tokens":20,"completion_tokens":1}'
+    empty = (head + '{"index":0,"delta":{},"logprobs":{"content":[{"token":"","logprob":-1.0,"bytes":[],'
+             '"top_logprobs":[]}]},"finish_reason":null,"token_ids":[112951]}]' + usage + '}')
+    cap, _, out = run_stream(plan, sse([empty]), chat.extract, chat.Assembler())
+    assert out == sse([])
+    assert cap.choices[0].ids.tolist() == [112951]
