@@ -9,6 +9,7 @@ record exactly (CANNOT) must say so on the row, and the harness still gets the s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,35 @@ def test_capture_matches_real_vllm(stack, api, name, case, stream):  # noqa: F81
         assert all(r["completion_ids"] is None for r in rows)
         return
     assert_rows_match(rows, t)
+
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests"
+
+
+@pytest.mark.parametrize("harness", ["qwen-code", "pi"])
+def test_recorded_harness_requests(stack, harness):  # noqa: F811
+    """The requests Qwen Code and Pi really sent (up to 80 KB, ~17k-token prompts, 15 tools,
+    streamed with include_usage), in one episode as the harness sent them: greedy and cut to
+    8 tokens, otherwise as recorded."""
+    episode = new_episode(f"replay-{harness}")
+    sent = 0
+    kept = []  # (body, the row index of its call)
+    for line in (FIXTURES / f"{harness}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        limit = "max_completion_tokens" if "max_completion_tokens" in rec["body"] else "max_tokens"
+        body = {**rec["body"], "model": MODEL, limit: 8, "temperature": 0}
+        for _ in range(5):  # (see test_capture_matches_real_vllm)
+            _, direct = post(stack.vllm + rec["path"], body, stream=True)
+            _, proxied = post(stack.proxy + rec["path"], body, stream=True, episode=episode)
+            sent += 1
+            if not differs_only_in_chunking(proxied, direct):
+                break
+        assert_same_answer(proxied, direct)
+        kept.append((body, sent - 1))
+    rows = stack.rows(episode)
+    assert len(rows) == sent
+    for body, i in kept:
+        assert json.loads(rows[i]["request"]) == body
+        assert_rows_match([rows[i]], truth(stack, "chat", body))
+        assert len(rows[i]["prompt_ids"]) > 1000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,35 @@ def _same_chat_content(chat_raw: bytes, row: dict) -> bool:
     got = json.loads(row["response"])["choices"][0]["message"]
     got = {k: v for k, v in got.items() if v not in (None, "") and k != "role"}
     return direct == got
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests"
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+def test_recorded_harness_requests(stack, harness):  # noqa: F811
+    """The requests Codex (Responses) and Claude Code (Messages) really sent (40-80 KB, streamed,
+    reasoning / thinking on), in one episode: greedy and cut to 8 tokens, otherwise as recorded."""
+    episode = new_episode(f"replay-{harness}")
+    sent = 0
+    kept = []  # (chat body, the row index of its call)
+    for line in (FIXTURES / f"{harness}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        path = rec["path"]
+        limit = "max_output_tokens" if path.startswith("/v1/responses") else "max_tokens"
+        body = {**rec["body"], "model": MODEL, limit: 8, "temperature": 0}
+        for _ in range(3):  # (see test_translated_call_matches_real_vllm)
+            chat_body, expected, chat_raw = translated_direct(stack, path.split("?")[0], body, True)
+            st, got = post(stack.proxy + path, body, stream=True, episode=episode)
+            sent += 1
+            assert st == 200, got[:500]
+            if tnorm(got) == tnorm(expected) or not _same_chat_content(chat_raw, stack.rows(episode)[-1]):
+                break
+        assert_well_formed(path.split("?")[0], got, True)
+        assert tnorm(got).split(b"\n") == tnorm(expected).split(b"\n")
+        kept.append((chat_body, sent - 1))
+    rows = stack.rows(episode)
+    assert len(rows) == sent
+    for chat_body, i in kept:
+        assert_rows_match([rows[i]], truth(stack, "chat", chat_body))
+        assert len(rows[i]["prompt_ids"]) > 1000
