@@ -28,8 +28,9 @@ Why not elsewhere: the harness cannot add the field; the capture proxy could, bu
 component whose recordings are under test would also be the one doing the scripting (and would need
 the tokenizer, which it deliberately never imports: addon/README.md). A logits processor alone
 would have to recover the request from prompt token ids. The shim forwards response bytes
-unchanged, chunk by chunk as they arrive (streams stay streams), so the proxy records what vLLM
-sampled and reported, and the shim is invisible to it except for one more loopback hop.
+unchanged, chunk by chunk as they arrive (streams stay streams; the chunk holding the final
+`data: [DONE]` goes out in one write with the body's end), so the proxy records what vLLM sampled
+and reported, and the shim is invisible to it except for one more loopback hop.
 
 Script features: `"sample": true` replies are forwarded without the key (vLLM samples freely);
 `delay` is slept before forwarding; a tool reference the request does not satisfy is a 400 in
@@ -59,6 +60,7 @@ KEY = "polar_forced"  # = polar_forced_reply.KEY (that module lives in vLLM's en
 PLUGIN_MODULE = "polar_forced_reply"
 PLUGIN_CLASS = f"{PLUGIN_MODULE}:ForcedReply"
 CHAT_PATH = "/v1/chat/completions"
+DONE = b"data: [DONE]\n\n"  # the last event of an OpenAI-style stream
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length"}
 
@@ -175,6 +177,12 @@ def make_app(forcer: Forcer, upstream: str):
                     k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}})
                 await out.prepare(request)
                 async for chunk in up.content.iter_any():
+                    if chunk.endswith(DONE):
+                        # the stream's last event: send it and the body's end in one write, adding no
+                        # gap between them (a client that hangs up at the last event, as Codex does at
+                        # response.completed, must not find the proxy still waiting for the end)
+                        await out.write_eof(chunk)
+                        return out
                     await out.write(chunk)
                 await out.write_eof()
                 return out
