@@ -6,6 +6,7 @@ patches off (stock mitmproxy's dispatch, backlog and collector): the capture's c
 
     .venv/bin/python bench/bench_proxy.py            # default run, about 2 minutes
     .venv/bin/python bench/bench_proxy.py --quick    # smaller counts, for a smoke check
+    .venv/bin/python bench/bench_proxy.py --real-vllm [--vllm-url URL]   # the real vLLM upstream (below)
 
 Backend: bench/fake_backend.py speaking vLLM's shapes with ids (non-streaming answers at once;
 streams of 60 chunks 5 ms apart, first after 20 ms: the anchors of proxy-performance.md).
@@ -14,6 +15,15 @@ Reports: per-call latency p50/p99 and the added ms, time to first chunk, calls/s
 concurrent streams, proxy CPU per call (psutil on the mitmdump pid), peak RSS, log bytes per call,
 and the log size of a 50-call episode whose prompts grow by ~1,500 tokens a call, against the
 bytes of its distinct tokens (4 bytes a token), with prompt ids from the real Qwen3 tokenizer.
+
+--real-vllm: the real vLLM 0.32 (CPU build, `make vllm`; started on the tiny Qwen3 unless
+--vllm-url names a running one serving it as `polar-model`) as the upstream, and the three real
+Qwen Code requests (~17.5k-token prompts, 80 KB) in turn, greedy, --max-tokens each, non-streaming
+and streamed: paths "direct" (the harness's request straight to vLLM), "direct+flags" (the same
+with the id/logprob flags the proxy adds: the server's share of the capture's cost) and "polar"
+(through mitmdump + the addon), interleaved call by call. Reports the server's own time per call
+and the capture's added latency as a ratio of it (paired per round), split into the server's
+share (the flags) and the proxy's; and checks every row of the log says success.
 """
 from __future__ import annotations
 
@@ -358,9 +368,117 @@ def proxy(work: Path, logdir: Path, upstream: str, *, addon: Path | None = None,
         yield p
 
 
+# ---------------------------------------------------------------------------------------------
+# --real-vllm
+
+
+def qwen_code_bodies(max_tokens: int, stream: bool, model: str) -> list[dict]:
+    out = []
+    for line in QWEN.read_text().splitlines():
+        body = {**json.loads(line)["body"], "model": model, "max_tokens": max_tokens, "temperature": 0,
+                "stream": stream}
+        if not stream:
+            body.pop("stream_options", None)
+        out.append(body)
+    return out
+
+
+async def real_vllm_phase(paths: dict, stream: bool, n: int, max_tokens: int, model: str) -> dict:
+    """n rounds; each round one call per path (the order rotating), the same request on every path."""
+    from addon.dialects import plan_request
+
+    bodies = qwen_code_bodies(max_tokens, stream, model)
+    datas = {"plain": [json.dumps(b).encode() for b in bodies],
+             "flags": [json.dumps({**b, **plan_request("chat", "vllm", b).added}).encode() for b in bodies]}
+    out = {k: [] for k in paths}
+    order = list(paths.items())
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        for i in range(n):
+            r = i % len(order)
+            for k, (url, kind) in order[r:] + order[:r]:
+                headers = {"x-polar-episode": f"real-{'stream' if stream else 'whole'}-{k}",
+                           "content-type": "application/json"}
+                ok, t, f = await one_call(s, url, datas[kind][i % len(bodies)], headers, stream)
+                out[k].append((t, f) if ok else None)
+    return out
+
+
+def real_vllm_stats(rounds: dict, which: int) -> dict:
+    def paired(a, b):
+        d = [x[which] - y[which] for x, y in zip(rounds[a], rounds[b]) if x is not None and y is not None]
+        return statistics.median(d) * 1e3 if d else float("nan")
+
+    own = [x[which] * 1e3 for x in rounds["direct"] if x is not None]
+    server = statistics.median(own)
+    res = {k: dict(p50=pct([x[which] * 1e3 for x in v if x is not None], 50),
+                   p99=pct([x[which] * 1e3 for x in v if x is not None], 99),
+                   errors=sum(x is None for x in v)) for k, v in rounds.items()}
+    added, flags, proxy_ = paired("polar", "direct"), paired("direct+flags", "direct"), paired("polar", "direct+flags")
+    return dict(paths=res, server_ms=server, added_ms=added, flags_ms=flags, proxy_ms=proxy_,
+                ratio=added / server, flags_ratio=flags / server, proxy_ratio=proxy_ / server)
+
+
+def real_vllm_main(args) -> None:
+    from harness_recipes.cache import tiny_model
+    from harness_recipes.stack import vllm
+
+    model = "polar-model"
+    with tempfile.TemporaryDirectory(prefix="polar-bench-vllm-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        logdir = work / "logs"
+        url = args.vllm_url
+        if not url:
+            print("starting the real vLLM on the tiny Qwen3 (1-2 minutes) ...", flush=True)
+            url = stack.enter_context(vllm(tiny_model(), model_name=model, log=work / "vllm.log")).url
+        polar = stack.enter_context(proxy(work, logdir, url, addon=addon_script(), sets={"polar_dialect": "vllm"}))
+        paths = {"direct": (url + "/v1/chat/completions", "plain"),
+                 "direct+flags": (url + "/v1/chat/completions", "flags"),
+                 "polar": (polar.url + "/v1/chat/completions", "plain")}
+        t0 = time.time()
+        # warm-up: the prefix cache holds the three prompts, the proxy has made its episode files
+        asyncio.run(real_vllm_phase(paths, False, 3, args.max_tokens, model))
+        res = {"whole": real_vllm_stats(asyncio.run(real_vllm_phase(paths, False, args.n_real, args.max_tokens,
+                                                                    model)), 0),
+               "stream": real_vllm_stats(asyncio.run(real_vllm_phase(paths, True, args.n_real, args.max_tokens,
+                                                                     model)), 1)}
+        rows = [r for p in logdir.glob("*.arrow") for r in read_episode(p).calls.iter_rows(named=True)]
+        whole = [r for r in rows if not r["stream"]]
+        res["log"] = dict(rows=len(rows), errors=sum(r["error"] is not None for r in rows),
+                          mean_prompt_ids=statistics.mean(len(r["prompt_ids"] or ()) for r in rows),
+                          # the proxy's own clock: answer headers in -> row written (the 83 KB answer read,
+                          # parsed, stripped, logged), non-streaming calls
+                          answer_ms_p50=pct([(r["t_end"] - r["t_first_byte"]) * 1e3 for r in whole], 50),
+                          answer_ms_p99=pct([(r["t_end"] - r["t_first_byte"]) * 1e3 for r in whole], 99))
+        res["wall_s"] = time.time() - t0
+    print(f"\nreal vLLM upstream ({url}), Qwen Code requests of ~{res['log']['mean_prompt_ids']:.0f} prompt tokens, "
+          f"max_tokens {args.max_tokens}, greedy; {args.n_real} rounds per mode, paths interleaved")
+    print(f"{'':34}{'direct':>14}{'direct+flags':>14}{'polar':>14}")
+    for mode, label in (("whole", "non-stream latency"), ("stream", "stream first chunk")):
+        r = res[mode]
+        for q in ("p50", "p99"):
+            print(f"{label + ' ' + q + ' ms':34}" + "".join(f"{r['paths'][k][q]:>14.1f}" for k in r["paths"]))
+    for mode, label in (("whole", "non-stream"), ("stream", "stream, first chunk")):
+        r = res[mode]
+        print(f"{label}: server's own time {r['server_ms']:.1f} ms; capture adds {r['added_ms']:+.1f} ms = "
+              f"{r['ratio']:.3f} x (server's share for the flags {r['flags_ms']:+.1f} ms = {r['flags_ratio']:.3f} x, "
+              f"the proxy's {r['proxy_ms']:+.1f} ms = {r['proxy_ratio']:.3f} x; medians of paired differences)")
+    lg = res["log"]
+    print(f"the proxy's own clock per non-stream call, answer headers in -> row written: p50 {lg['answer_ms_p50']:.1f} ms, "
+          f"p99 {lg['answer_ms_p99']:.1f} ms")
+    errs = sum(res[m]["paths"][k]["errors"] for m in ("whole", "stream") for k in res[m]["paths"])
+    print(f"calls failed: {errs}; log rows {res['log']['rows']}, rows with an error: {res['log']['errors']}")
+    print(f"(wall time {res['wall_s']:.0f} s; machine: {os.cpu_count()} CPUs, shared)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small counts (smoke check)")
+    ap.add_argument("--real-vllm", action="store_true", help="the real vLLM as the upstream (see above)")
+    ap.add_argument("--vllm-url", help="--real-vllm: a running vLLM serving the tiny Qwen3 as polar-model")
+    ap.add_argument("--n-real", type=int, default=100, help="--real-vllm: rounds per mode (3 calls a round)")
+    ap.add_argument("--max-tokens", type=int, default=16, help="--real-vllm: tokens generated per call")
     ap.add_argument("--n", type=int, default=150, help="non-stream calls per path")
     ap.add_argument("--n-stream", type=int, default=40, help="sequential streaming calls per path")
     ap.add_argument("--rounds64", type=int, default=3)
@@ -373,6 +491,11 @@ def main(argv=None):
                     help="also run the addon of another checkout (e.g. a copy of the previous commit) "
                          "as path 'baseline', interleaved with the others: before/after in one run")
     args = ap.parse_args(argv)
+    if args.real_vllm:
+        if args.quick:
+            args.n_real = 5
+        real_vllm_main(args)
+        return
     if args.quick:
         args.n, args.n_stream, args.rounds64, args.rounds256, args.grow_calls, args.rounds_ns16 = 20, 4, 1, 1, 10, 3
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp, ExitStack() as stack:
