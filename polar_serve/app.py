@@ -20,6 +20,7 @@ from .dialect import Dialect
 from .engine import Engine, Job
 from .generation import GenerationResult, chat_request, collect_result, completion_request
 from .model import ServedModel
+from .params import param_error
 
 log = logging.getLogger("polar-serve")
 VERSION_HEADER = "x-polar-weight-version"
@@ -39,16 +40,25 @@ class Server:
         self.weight_version = weight_version or "default"
 
     # -- helpers ------------------------------------------------------------------------------
-    def error(self, message: str, status: int = 400, err_type: str | None = None) -> web.Response:
+    def error(self, message: str, status: int = 400, err_type: str | None = None, param: str | None = None):
         body = self.dialect.error_body(message, status, err_type)
-        return web.json_response(body, status=status, headers=self.headers())
+        if param is not None and isinstance(body.get("error"), dict) and "param" in body["error"]:
+            body["error"]["param"] = param
+        return self.json(body, status=status)
 
     def headers(self) -> dict:
         return {VERSION_HEADER: self.weight_version}
 
+    def json(self, obj, status: int = 200, extra_headers: dict | None = None) -> web.Response:
+        """A JSON answer as the server writes it (the dialect's bytes and content type), with the
+        weight version header."""
+        return web.Response(body=self.dialect.dumps(obj), status=status,
+                            headers={"Content-Type": self.dialect.json_content_type, **self.headers(),
+                                     **(extra_headers or {})})
+
     def answer(self, obj: dict, extra_headers: dict | None = None) -> web.Response:
-        """A model answer: JSON as the servers write it (not ASCII-escaped), with the weight version."""
-        return web.json_response(obj, headers={**self.headers(), **(extra_headers or {})}, dumps=_dumps)
+        """A model answer."""
+        return self.json(obj, extra_headers=extra_headers)
 
     async def body(self, request: web.Request) -> dict:
         raw = await request.read()
@@ -64,13 +74,28 @@ class Server:
         if body.get("prompt_logprobs") is None:
             return
         if body.get("stream"):
-            raise RequestError("`prompt_logprobs` are not available when `stream=True`.")
-        raise RequestError("polar-serve does not compute prompt_logprobs (only sampled-token logprobs)")
+            raise param_error("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs",
+                              with_value=False)
+        if not self.dialect.prompt_logprobs:
+            raise RequestError("polar-serve does not compute prompt_logprobs for this dialect")
+
+    async def prompt_logprobs(self, body: dict, ids: list[int], echo_k=None):
+        """The prompt's logprob positions when asked for (`prompt_logprobs`, or completions' echo
+        with logprobs, as vLLM fills them), else None."""
+        k = body.get("prompt_logprobs")
+        if k is None:
+            k = echo_k
+        if k is None or not self.dialect.prompt_logprobs:
+            return None
+        return await self.engine.run_sync(lambda m: m.prompt_logprobs(ids, int(k)))
 
     def check_model(self, body: dict) -> None:
         name = body.get("model")
         if self.dialect.checks_model_name and name not in (None, "") and name not in self.served_names:
-            raise RequestError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+            e = RequestError(f"The model `{name}` does not exist."
+                             + self.dialect.model_hint(self.served_names), 404, "NotFoundError")
+            e.param = self.dialect.model_param
+            raise e
 
     async def sse(self, request: web.Request, chunks, job: Job | list[Job] | None = None, extra: dict | None = None):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
@@ -106,7 +131,10 @@ class Server:
             try:
                 return await fn(request)
             except RequestError as e:
-                return self.error(str(e), e.status, e.err_type if e.err_type != "BadRequestError" else None)
+                msg, param = str(e), getattr(e, "param", None)
+                if hasattr(e, "with_value"):  # params.param_error: the dialect words it
+                    msg, param = self.dialect.param_error(msg, param, e.value, e.with_value)
+                return self.error(msg, e.status, e.err_type if e.err_type != "BadRequestError" else None, param)
             except web.HTTPException:
                 raise
             except Exception as e:  # a bug must answer 500 and keep the server up
@@ -119,56 +147,42 @@ class Server:
         self.check_model(body)
         self.check_prompt_logprobs(body)
         self.dialect.check_chat(body)
-        n = body.get("n", 1)
-        if n is None:
-            n = 1
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
-            raise RequestError(f"'n' must be an integer in [1, 16] (got {n!r})")
-        if n > 1 and not body.get("stream"):
-            return await self.chat_n(body, n)
+        n = _n(body)
+        self.dialect.check_sampling(body, n)
         reqs = [await self.engine.run_sync(chat_request, b, self.dialect, self.served_name, self.script)
                 for b in _choice_bodies(body, n)]
+        for r in reqs[1:]:  # one answer: the first choice's id and time
+            r.request_id, r.created = reqs[0].request_id, reqs[0].created
         req = reqs[0]
         started = time.time()
-        queues = [self.engine.stream(r.job) for r in reqs]
+        plp = None if body.get("stream") else await self.prompt_logprobs(body, req.prompt_ids)
+        jobs = [r.job for r in reqs]
+        queues = self.engine.stream_many(jobs)
         # Which script entry answered ("turn 1", "rule 0", "fallback"): for debugging e2e tests.
         extra = {SCRIPT_HEADER: req.script_source} if req.script_source else {}
         if body.get("stream"):
-            jobs = [r.job for r in reqs]
             return await self.sse(request, self.dialect.chat_stream(self, reqs, queues, request.headers), jobs, extra)
-        res = await self.collect(req.job, queues[0])
-        return self.answer(self.dialect.chat_full(self, req, res, started), extra)
-
-    async def chat_n(self, body: dict, n: int):
-        """n>1 (non-streaming): n generations of the same prompt, choice i seeded with seed+i (as
-        vLLM seeds parallel-sampling children); one answer with n choices and summed usage."""
-        outs = []
-        for i, b in enumerate(_choice_bodies(body, n)):
-            req = await self.engine.run_sync(chat_request, b, self.dialect, self.served_name, self.script)
-            started = time.time()
-            res = await self.collect(req.job, self.engine.stream(req.job))
-            o = self.dialect.chat_full(self, req, res, started)
-            o["choices"][0]["index"] = i
-            outs.append(o)
-        out = outs[0]
-        out["choices"] = [o["choices"][0] for o in outs]
-        u = out["usage"]
-        u["completion_tokens"] = sum(o["usage"]["completion_tokens"] for o in outs)
-        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
-        if "reasoning_tokens" in u:
-            u["reasoning_tokens"] = sum(o["usage"]["reasoning_tokens"] for o in outs)
-        return self.answer(out)
+        results = [await self.collect(j, q) for j, q in zip(jobs, queues, strict=True)]
+        return self.answer(self.dialect.chat_answer(self, reqs, results, started, plp), extra)
 
     async def completions(self, request: web.Request):
         body = await self.body(request)
         self.check_model(body)
         self.check_prompt_logprobs(body)
-        req = await self.engine.run_sync(completion_request, body, self.dialect, self.served_name)
-        q = self.engine.stream(req.job)
+        n = _n(body) if self.dialect.prompt_logprobs else 1
+        self.dialect.check_sampling(body, n)
+        reqs = [await self.engine.run_sync(completion_request, b, self.dialect, self.served_name)
+                for b in _choice_bodies(body, n)]
+        for r in reqs[1:]:
+            r.request_id, r.created = reqs[0].request_id, reqs[0].created
+        echo_k = body.get("logprobs") if body.get("echo") and body.get("logprobs") not in (None, False) else None
+        plp = await self.prompt_logprobs(body, reqs[0].prompt_ids, echo_k)
+        jobs = [r.job for r in reqs]
+        queues = self.engine.stream_many(jobs)
         if body.get("stream"):
-            return await self.sse(request, self.dialect.completion_stream(self, req, q), req.job)
-        res = await self.collect(req.job, q)
-        return self.answer(self.dialect.completion_full(self, req, res))
+            return await self.sse(request, self.dialect.completion_stream_n(self, reqs, queues, plp), jobs)
+        results = [await self.collect(j, q) for j, q in zip(jobs, queues, strict=True)]
+        return self.answer(self.dialect.completion_answer(self, reqs, results, plp))
 
     @staticmethod
     async def collect(job: Job, q) -> GenerationResult:
@@ -182,7 +196,7 @@ class Server:
     async def models(self, request: web.Request):
         created = int(time.time())
         cards = [self.dialect.model_card(self, name, created) for name in self.served_names]
-        return web.json_response({"object": "list", "data": cards}, headers=self.headers())
+        return self.json({"object": "list", "data": cards})
 
     async def tokenize(self, request: web.Request):
         body = await self.body(request)
@@ -197,7 +211,7 @@ class Server:
             raise RequestError("/tokenize needs 'prompt' (a string) or 'messages'")
         out = {"count": len(ids), "max_model_len": self.model.max_len, "tokens": ids}
         self.dialect.tokenize_extra(out, body, tok)
-        return web.json_response(out, headers=self.headers())
+        return self.json(out)
 
     async def detokenize(self, request: web.Request):
         body = await self.body(request)
@@ -207,7 +221,7 @@ class Server:
         vocab = self.model.hf.config.vocab_size
         if any(x < 0 or x >= vocab for x in ids):
             raise RequestError(f"token ids must be in [0, {vocab})")
-        return web.json_response({"prompt": self.model.tokenizer.decode(ids)}, headers=self.headers())
+        return self.json({"prompt": self.model.tokenizer.decode(ids)})
 
     async def health(self, request: web.Request):
         return web.Response(status=200, headers=self.headers())
@@ -243,11 +257,27 @@ def _choice_bodies(body: dict, n: int) -> list[dict]:
     return out
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+def _n(body: dict) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16:
+        raise RequestError(f"'n' must be an integer in [1, 16] (got {n!r})")
+    return n
 
 
 def make_app(server: Server) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    @web.middleware
+    async def http_errors(request, handler):
+        """404 / 405 of unknown routes in the dialect's layout (vLLM: FastAPI's {"detail": ...})."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            body = server.dialect.http_error_body(e.status, e.reason) if e.status >= 400 else None
+            if body is None:
+                raise
+            return server.json(body, status=e.status)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[http_errors])
     server.routes(app)
     return app

@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                    default="response_token_ids",
                    help="SGLang chat choice field for output ids: response_token_ids (0.5.23, wire-formats.md) "
                         "or token_ids (later sources; return_token_ids then implies prompt_token_ids)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length the server admits and reports, as vLLM's flag (default: the model config's)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from .app import Server, make_app
     from .model import ServedModel
     try:
-        model = ServedModel(args.model)
+        model = ServedModel(args.model, args.max_model_len)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"polar-serve: cannot load model from {args.model}: {e}", file=sys.stderr)
         return 2

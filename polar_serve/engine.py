@@ -65,29 +65,43 @@ class Engine:
 
     def stream(self, job: Job) -> asyncio.Queue:
         """Start `job`; its Events arrive on the returned queue, the last one of kind done/error."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        return self.stream_many([job])[0]
 
-        def put(ev: Event, at: float = 0.0) -> None:
-            # Scripted delays are timers on the loop, not sleeps on the worker, so a slow
-            # simulated reply never holds up other requests.
-            if at > 0:
-                loop.call_soon_threadsafe(loop.call_later, at, q.put_nowait, ev)
-            else:
-                loop.call_soon_threadsafe(q.put_nowait, ev)
+    def stream_many(self, jobs: list[Job]) -> list[asyncio.Queue]:
+        """Start `jobs` together (the n choices of one request): the worker produces their tokens in
+        lockstep, one token of each running job in turn, as vLLM's engine steps its n sequences."""
+        loop = asyncio.get_running_loop()
+        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in jobs]
+
+        def putter(q: asyncio.Queue):
+            def put(ev: Event, at: float = 0.0) -> None:
+                # Scripted delays are timers on the loop, not sleeps on the worker, so a slow
+                # simulated reply never holds up other requests.
+                if at > 0:
+                    loop.call_soon_threadsafe(loop.call_later, at, q.put_nowait, ev)
+                else:
+                    loop.call_soon_threadsafe(q.put_nowait, ev)
+            return put
 
         def work() -> None:
-            try:
-                self._generate(job, put)
-            except BaseException as e:  # reported to the request, never kills the worker
-                put(Event("error", error=e))
+            running = [(self._generate(job, putter(q), private=len(jobs) > 1), putter(q))
+                       for job, q in zip(jobs, queues, strict=True)]
+            while running:
+                for gen, put in list(running):
+                    try:
+                        next(gen)
+                    except StopIteration:
+                        running.remove((gen, put))
+                    except BaseException as e:  # reported to the request, never kills the worker
+                        running.remove((gen, put))
+                        put(Event("error", error=e))
 
         self.pool.submit(work)
-        return q
+        return queues
 
-    def _generate(self, job: Job, put_event) -> None:
-        """Runs the job; the last token travels inside the "done" Event, like vLLM's final output
-        carries its last token together with the finish reason."""
+    def _generate(self, job: Job, put_event, private: bool = False):
+        """Runs the job, one token per step of this generator; the last token travels inside the
+        "done" Event, like vLLM's final output carries its last token together with the finish reason."""
         held: list[tuple[Event, float]] = []
 
         def put(ev: Event, at: float = 0.0) -> None:
@@ -101,9 +115,9 @@ class Engine:
                 ev.step, ev.text = last.step, last.text
             put_event(ev, at)
 
-        self._run(job, put)
+        yield from self._run(job, put, private)
 
-    def _run(self, job: Job, put) -> None:
+    def _run(self, job: Job, put, private: bool = False):
         m = self.model
         detok = Detok(m.tokenizer)
         text = ""
@@ -112,22 +126,23 @@ class Engine:
             per_tok = job.delay / max(len(steps), 1)
             for i, st in enumerate(steps):
                 put(Event("token", st, detok.add(st.token_id)), per_tok * (i + 1))
+                yield
             last = steps[-1].token_id if steps else None
             if last is not None and last in m.eos_ids:
-                put(Event("done", finish_reason="stop", stop_reason=None), job.delay)
+                put(Event("done", finish_reason="stop", stop_reason=_eos_reason(m, last)), job.delay)
             else:
                 put(Event("done", finish_reason="length"), job.delay)
             return
         stops = [s for s in job.stop if s]
         finish, reason = "length", None
-        for st in m.generate(job.prompt_ids, job.params):
+        for st in m.generate(job.prompt_ids, job.params, private):
             if job.cancelled:
                 finish = "abort"
                 break
             piece = detok.add(st.token_id)
             if st.token_id in m.eos_ids and not job.params.ignore_eos:
                 put(Event("token", st, piece))
-                finish = "stop"
+                finish, reason = "stop", _eos_reason(m, st.token_id)
                 break
             if st.token_id in job.params.stop_token_ids:
                 put(Event("token", st, piece))
@@ -142,7 +157,14 @@ class Engine:
                 break
             text += piece
             put(Event("token", st, piece))
+            yield
         put(Event("done", finish_reason=finish, stop_reason=reason))
+
+
+def _eos_reason(m, tid: int) -> int | None:
+    """vLLM's stop_reason for an end-of-sequence token: None for the tokenizer's own EOS; the id for
+    the other EOS ids of generation_config.json (vLLM adds those as stop_token_ids)."""
+    return None if tid == m.tokenizer.eos_token_id else tid
 
 
 def _find_stop(text: str, piece: str, stops: list[str]):

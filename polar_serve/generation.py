@@ -87,7 +87,10 @@ def chat_request(model, body: dict, dialect: Dialect, served_name: str, script: 
     if reply is not None and reply.text is None:
         job.delay, source = reply.delay, reply.source
     elif reply is not None:
-        forced = model.tokenizer.encode(reply.text, add_special_tokens=False) + [model.eos_ids[0]]
+        if reply.token_ids is not None:
+            forced = list(reply.token_ids)
+        else:
+            forced = model.tokenizer.encode(reply.text, add_special_tokens=False) + [model.eos_ids[0]]
         if len(forced) > params.max_tokens:
             forced = forced[:params.max_tokens]
         # Teacher-forced logprobs: log-softmax after temperature only; top-k/top-p masks would

@@ -314,7 +314,8 @@ class ServedModel:
     POOL = 4
     CACHE_BUDGET = 2 << 30  # bytes of pooled KV caches (a 20k-token Qwen3-0.6B cache is ~4.6 GB in fp32)
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, max_model_len: int | None = None):
+        self.max_model_len = max_model_len  # vLLM's --max-model-len (default: the config's context)
         self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
@@ -334,7 +335,7 @@ class ServedModel:
         self.caches: list[KVCache] = []
         self.eos_ids = self._eos_ids(hf)
         self.gen_defaults = self._gen_defaults(d)
-        self.max_len = int(getattr(hf.config, "max_position_embeddings", 32768))
+        self.max_len = int(getattr(self, "max_model_len", None) or getattr(hf.config, "max_position_embeddings", 32768))
 
     @staticmethod
     def _gen_defaults(d: Path) -> dict:
@@ -389,10 +390,15 @@ class ServedModel:
         return cache, hidden
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[int], p: SamplingParams):
-        """Yield TokenSteps for sampled tokens; stops at EOS/stop ids (yielded) or max_tokens."""
+    def generate(self, prompt_ids: list[int], p: SamplingParams, private: bool = False):
+        """Yield TokenSteps for sampled tokens; stops at EOS/stop ids (yielded) or max_tokens.
+        `private`: a cache of its own, outside the pool (for generations that run interleaved)."""
         with torch.inference_mode():
-            cache, hidden = self._prefill(prompt_ids)
+            if private:
+                cache = self.runner.new_cache()
+                hidden = self.runner.forward(cache, list(prompt_ids), keep_last=1)
+            else:
+                cache, hidden = self._prefill(prompt_ids)
             gen = torch.Generator()
             if p.seed is not None:
                 gen.manual_seed(p.seed)
@@ -407,6 +413,25 @@ class ServedModel:
                 if tok in stops or i == p.max_tokens - 1:
                     return
                 h = self.runner.forward(cache, [tok], keep_last=1)
+
+    def prompt_logprobs(self, ids: list[int], k: int) -> list[tuple[int, float, int, list[tuple[int, float]]]]:
+        """vLLM's `prompt_logprobs`: for each prompt position after the first, (token, raw logprob,
+        rank (1 = most likely), top-k [(id, logprob)]). One uncached forward over the whole prompt."""
+        with torch.inference_mode():
+            cache = self.runner.new_cache()
+            hidden = self.runner.forward(cache, list(ids))
+            out = []
+            lp = torch.log_softmax(self.runner.logits(hidden[:-1]).float(), -1)
+            for row, tok in zip(lp, ids[1:], strict=True):
+                v = float(row[tok])
+                rank = int((row >= row[tok]).sum())  # vLLM: batched_count_greater_than (>=)
+                top = []
+                if k > 0:
+                    vals, idx = torch.topk(row, k)
+                    top = [(int(i), max(float(x), LOGPROB_FLOOR)) for x, i in zip(vals.tolist(), idx.tolist(),
+                                                                                   strict=True)]
+                out.append((tok, max(v, LOGPROB_FLOOR), rank, top))
+            return out
 
     def teacher_force(self, prompt_ids: list[int], forced: list[int], p: SamplingParams) -> list[TokenStep]:
         """Processed logprobs of `forced` continuing `prompt_ids` (one forward, lm_head only there)."""

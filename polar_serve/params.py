@@ -11,6 +11,14 @@ from polar_recon.chat_render import RequestError
 from .model import SamplingParams
 
 
+def param_error(message: str, param: str, value=None, with_value: bool = True) -> RequestError:
+    """A 400 about one request field; vLLM (VLLMValidationError) names it in `param` and suffixes the
+    message with `(parameter=..., value=...)` (the dialect decides: Dialect.param_error)."""
+    e = RequestError(message)
+    e.param, e.value, e.with_value = param, value, with_value
+    return e
+
+
 def _num(body: dict, key: str, kind=float, lo=None, hi=None):
     v = body.get(key)
     if v is None:
@@ -34,6 +42,9 @@ def stop_list(body: dict) -> list[str]:
 
 
 def sampling_params(body: dict, gen_defaults: dict, max_len: int, prompt_len: int, chat: bool) -> SamplingParams:
+    t = body.get("temperature")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and t < 0:
+        raise param_error(f"temperature must be non-negative, got {float(t)}.", "temperature", float(t))
     temperature = _num(body, "temperature", float, 0.0, 2.0)
     top_p = _num(body, "top_p", float, 0.0, 1.0)
     top_k = _num(body, "top_k", int, -1)
@@ -43,12 +54,13 @@ def sampling_params(body: dict, gen_defaults: dict, max_len: int, prompt_len: in
     if mt is None:
         mt = body.get("max_tokens")
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        raise RequestError(f"max_tokens must be at least 1, got {mt}.")
+        raise param_error(f"max_tokens must be at least 1, got {mt}.", "max_tokens", mt)
     room = max_len - prompt_len
     if room <= 0:
-        raise RequestError(
-            f"This model's maximum context length is {max_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input messages.")
+        raise param_error(
+            f"This model's maximum context length is {max_len} tokens. However, your prompt contains "
+            f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+            f"the length of the input prompt.", "input_tokens", prompt_len)
     if mt is None:
         mt = room if chat else 16
     mt = min(mt, room)
@@ -56,7 +68,8 @@ def sampling_params(body: dict, gen_defaults: dict, max_len: int, prompt_len: in
     if chat:
         top = _num(body, "top_logprobs", int, 0, 20) or 0
         if top and not lp:
-            raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.")
+            raise param_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs",
+                              with_value=False)
     else:
         top = 0 if lp is None or lp is False else _num(body, "logprobs", int, 0, 20)
     stop_ids = body.get("stop_token_ids") or []

@@ -270,6 +270,13 @@ class StreamParser:
                 call = self.calls[r] = _CallStream(len(self.calls), d.tool_call_id())
                 out.append({"tool_call": {"index": call.index, "id": call.id, "name": name.string}})
             certain = certain_arguments(outer, body.lstrip(), call.args)
+            if d.streams_raw_arguments and final_calls is None:
+                # vLLM 0.32 (checked against the real server): the arguments value's raw text as the
+                # tokens bring it, trailing whitespace held back until more text follows.
+                m = outer.members.get("arguments")
+                raw = "" if m is None else body.lstrip()[m.start:m.end]
+                if raw.startswith("{"):
+                    certain = raw if m.end is not None else raw.rstrip()
             if final_calls is not None:
                 final = final_calls[call.index].arguments if call.index < len(final_calls) else None
                 certain = final if final is not None and final.startswith(call.sent) else call.sent

@@ -43,7 +43,8 @@ makes it a declared key (Codex's `exec_command` takes `cmd`, Claude's `Bash` tak
 string given for an array-typed parameter becomes `["bash", "-lc", string]` (argv-style shell tools).
 
 A reply may instead give `"text"`: the raw assistant output (without <|im_end|>), used verbatim,
-or `"sample": true`: the model samples this reply as without a script.
+`"token_ids"`: the exact output token ids, end-of-turn token included (e.g. ids a real server produced,
+replayed token for token: tests/vllm/test_differential.py), or `"sample": true`: the model samples this reply as without a script.
 Rendering: with thinking enabled, a reply without `reasoning` starts with the empty
 `<think>\\n\\n</think>\\n\\n` block, as Qwen3 does; with `enable_thinking: false` the prompt already
 holds that block, so the reply starts with its content.
@@ -59,7 +60,7 @@ from polar_recon.chat_render import RequestError
 
 ALIASES = {"command": ("cmd",), "cmd": ("command",)}
 TURN_MODES = ("assistant_after_last_user", "assistant_total", "tool_results")
-REPLY_KEYS = {"reasoning", "content", "tool_calls", "delay", "text", "sample"}
+REPLY_KEYS = {"reasoning", "content", "tool_calls", "delay", "text", "sample", "token_ids"}
 WHEN_KEYS = {"tools", "tool_declared", "last_user_contains", "system_contains", "any_contains", "turn", "stream"}
 
 
@@ -72,6 +73,7 @@ class ScriptedReply:
     text: str | None   # the assistant output, without the end-of-turn token; None = let the model sample
     delay: float
     source: str        # "turn 0", "rule 1", "fallback": for logs and tests
+    token_ids: list[int] | None = None  # exact output ids (then `text` is unused)
 
 
 def _check_reply(r: Any, where: str) -> None:
@@ -86,6 +88,9 @@ def _check_reply(r: Any, where: str) -> None:
         t = tc["tool"]
         if not (isinstance(t, str) or (isinstance(t, dict) and isinstance(t.get("any_of"), list))):
             raise ScriptError(f"{where}.tool_calls[{i}].tool must be a name or {{'any_of': [names]}}")
+    ids = r.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and ids and all(type(x) is int for x in ids)):
+        raise ScriptError(f"{where}.token_ids must be a non-empty list of token ids")
     if "delay" in r and not isinstance(r["delay"], (int, float)):
         raise ScriptError(f"{where}.delay must be a number of seconds")
 
@@ -239,4 +244,6 @@ def choose_reply(script: dict, body: dict, thinking: bool) -> ScriptedReply:
 def _make(reply: dict, body: dict, thinking: bool, where: str) -> ScriptedReply:
     if reply.get("sample"):
         return ScriptedReply(None, float(reply.get("delay", 0.0)), where)
+    if reply.get("token_ids"):
+        return ScriptedReply("", float(reply.get("delay", 0.0)), where, list(reply["token_ids"]))
     return ScriptedReply(render_reply(reply, body, thinking, where), float(reply.get("delay", 0.0)), where)

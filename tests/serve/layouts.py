@@ -9,7 +9,8 @@ needed, but vllm/sglang cannot be installed here) and wire-formats.md's byte-exa
   annotations, audio, function_call, tool_calls [dropped when empty], reasoning),
   ChatCompletionLogProbsContent (token, logprob, bytes, top_logprobs). Non-streaming answers are
   full dumps; stream chunks are exclude_unset dumps (see dialect_vllm.py).
-  Left out on purpose: fields added after 0.33 (routed_experts, ec_transfer_params, metrics).
+  The vLLM lists below are those of the real vLLM 0.32.0 (measured), which adds routed_experts,
+  ec_transfer_params and metrics, and no kv_transfer_params on stream chunks.
 - SGLang 0.5.23 `srt/entrypoints/openai/protocol.py`: ChatCompletionResponse (id, object, created,
   model, choices, usage, metadata; sglext dropped when None), ChatCompletionResponseChoice (index,
   message, logprobs, finish_reason, matched_stop; hidden_states / prompt_token_ids / token ids /
@@ -19,17 +20,18 @@ needed, but vllm/sglang cannot be installed here) and wire-formats.md's byte-exa
   completion_tokens, prompt_tokens_details, reasoning_tokens). The token-id field of the choice is
   `response_token_ids` as wire-formats.md records for 0.5.23 (later sources name it `token_ids`).
 """
+# vLLM: as the real vLLM 0.32.0 answers (tests/vllm/test_differential.py compares the whole answers).
 VLLM_CHAT = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
-             "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params"]
-VLLM_CHOICE = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids"]
+             "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"]
+VLLM_CHOICE = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"]
 VLLM_MESSAGE = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
 VLLM_MESSAGE_TOOLS = ["role", "content", "refusal", "annotations", "audio", "function_call", "tool_calls", "reasoning"]
 VLLM_LOGPROB = ["token", "logprob", "bytes", "top_logprobs"]
 VLLM_FIRST_CHUNK = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
-VLLM_CHUNK = ["id", "object", "created", "model", "choices", "kv_transfer_params"]
-VLLM_USAGE_CHUNK = ["id", "object", "created", "model", "choices", "usage"]
+VLLM_CHUNK = ["id", "object", "created", "model", "choices"]  # the finishing chunk adds system_fingerprint
+VLLM_USAGE_CHUNK = ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
 VLLM_COMPLETION_CHOICE = ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
-                          "prompt_logprobs", "prompt_token_ids"]
+                          "prompt_logprobs", "prompt_token_ids", "routed_experts"]
 
 SGL_CHAT = ["id", "object", "created", "model", "choices", "usage", "metadata"]
 SGL_CHOICE = ["index", "message", "logprobs", "finish_reason", "matched_stop"]

@@ -87,6 +87,11 @@ def _fold(deltas):
     return r, c, [calls[i] for i in sorted(calls)]
 
 
+def _calls(calls: list[dict], dialect: str) -> list:
+    """(name, arguments) per call; for vLLM the arguments as a JSON value (streamed raw, answered re-serialized)."""
+    return [(x["name"], json.loads(x["arguments"]) if dialect == "vllm" else x["arguments"]) for x in calls]
+
+
 TEXTS = [
     QWEN_TURN,
     "<think>\nhmm\n</think>\n\nDone: hello.txt contains hi.",
@@ -105,7 +110,7 @@ def test_stream_deltas_fold_to_the_non_streaming_parse(idx, cuts, dialect, think
     p = parse_output(text, DIALECTS[dialect], thinking, tools, {"bash", "a", "b"})
     assert r == (p.reasoning or "")
     assert c == (p.content or "")
-    assert [(x["name"], x["arguments"]) for x in calls] == [(t.name, t.arguments) for t in p.tool_calls]
+    assert _calls(calls, dialect) == _calls([{"name": t.name, "arguments": t.arguments} for t in p.tool_calls], dialect)
     prefix = "chatcmpl-tool-" if dialect == "vllm" else "call_"
     assert all(x["id"].startswith(prefix) for x in calls)
 
@@ -134,14 +139,16 @@ def _call_text(name, args, style, key, args_first):
        step=st.integers(1, 9), cuts=st.lists(st.integers(0, 400), max_size=20))
 def test_streamed_arguments_add_up_to_the_non_streamed_ones(calls, prefix, dialect, step, cuts):
     """Any JSON style the model writes, any split into tokens: name first, then fragments whose
-    concatenation is exactly the non-streamed `arguments` (index 0, 1, ... per call)."""
+    concatenation is exactly the non-streamed `arguments` (index 0, 1, ... per call). vLLM 0.32 streams
+    the raw argument text as the tokens bring it while its non-streamed arguments are re-serialized
+    (measured: `{"a":1}` streams as written, answers `{"a": 1}`): there the two are the same JSON value."""
     text = "<think>\nplan\n</think>\n\n" + prefix + "\n".join(
         f"<tool_call>\n{_call_text(*c)}\n</tool_call>" for c in calls)
     deltas = _replay(text, list(range(0, len(text), step)) + cuts, dialect, True, True)
     p = parse_output(text, DIALECTS[dialect], True, True, {"bash", "a", "b"})
     r, c, folded = _fold(deltas)
     assert (r, c) == (p.reasoning or "", p.content or "")
-    assert [(x["name"], x["arguments"]) for x in folded] == [(t.name, t.arguments) for t in p.tool_calls]
+    assert _calls(folded, dialect) == _calls([{"name": t.name, "arguments": t.arguments} for t in p.tool_calls], dialect)
     assert len(p.tool_calls) == len(calls)
     tcs = [d["tool_call"] for d in deltas if "tool_call" in d]
     firsts = {}
@@ -175,7 +182,8 @@ def test_vllm_name_and_first_fragment_can_share_a_feed():
     sp = StreamParser(DIALECTS["vllm"], False, True)
     out = sp.feed('<tool_call>\n{"name": "bash", "arguments": {"x": 1, ')
     assert [list(d["tool_call"]) for d in out] == [["index", "id", "name"], ["index", "arguments"]]
-    assert out[1]["tool_call"]["arguments"] == '{"x": 1, '
+    # vLLM 0.32 streams the raw argument text, trailing whitespace held back (measured)
+    assert out[1]["tool_call"]["arguments"] == '{"x": 1,'
 
 
 def test_sglang_skips_undeclared_tools_without_using_an_index():

@@ -69,6 +69,16 @@ def test_enable_thinking_false_and_continue_final_message(tok):
     assert render_chat(tok, body, render_rules("vllm"))[0].endswith("partial")
 
 
+def test_vllm_turns_developer_into_system_and_merges_the_systems(tok):
+    """vLLM 0.32 (measured): with a developer message, every system text goes into one first system message."""
+    body = {"messages": [{"role": "system", "content": "A."}, {"role": "developer", "content": "B."},
+                         {"role": "user", "content": "hi"}, {"role": "system", "content": "C."}]}
+    text = render_chat(tok, body, render_rules("vllm"))[0]
+    assert text.startswith("<|im_start|>system\nA.\n\nB.\n\nC.<|im_end|>\n<|im_start|>user\nhi<|im_end|>")
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}]}
+    assert "<|im_start|>system\nlate" in render_chat(tok, body, render_rules("vllm"))[0]  # no developer: as sent
+
+
 def test_tool_call_arguments_are_reserialized_by_the_template(tok):
     msgs = [{"role": "user", "content": "x"},
             {"role": "assistant", "content": "", "tool_calls": [
@@ -81,7 +91,7 @@ def test_tool_call_arguments_are_reserialized_by_the_template(tok):
 
 @pytest.mark.parametrize("body,needle", [
     ({"messages": []}, "non-empty"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"messages": [{"role": 5, "content": "x"}]}, "role"),  # a custom role name is fine (vLLM 0.32 takes it)
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "a", "arguments": "{bad"}}]}]}, "not valid JSON"),
