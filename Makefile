@@ -54,8 +54,11 @@ lint: install
 test: install sysdeps harnesses vllm lint
 	bash .ci/with-dockerd.sh $(VENV)/bin/python -m pytest -q tests
 
-demo: install sysdeps
-	$(VENV)/bin/python -m harness_recipes.demo
+# The demo's inference server: vllm (the real vLLM, built by `make vllm`) or polar-serve (faster).
+SERVER ?= vllm
+
+demo: install sysdeps $(if $(filter vllm,$(SERVER)),vllm)
+	$(VENV)/bin/python -m harness_recipes.demo --server $(SERVER)
 
 clean:
 	rm -rf $(VENV) *.egg-info

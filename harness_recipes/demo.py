@@ -2,19 +2,29 @@
 
 1. install the harness CLI (Pi by default) into the harness cache (cache.py; .cache/ under make)
 2. build the tiny random Qwen3 (real tokenizer and chat template) into the cache
-3. start polar-serve in scripted mode (the script makes the tiny model fix the sample tasks)
-   and mitmdump with the Polar addon in front of it
+3. start the inference server, scripted (data/tasks/scripts/fix_tasks.json makes the random tiny
+   model fix the sample tasks), and mitmdump with the Polar addon in front of it:
+   - `--server vllm` (default, `make demo`): the REAL vLLM 0.32 (CPU build, `make vllm`) with the
+     ForcedReply logits processor, behind the scripting shim that passes each scripted reply as
+     token ids in `vllm_xargs` (harness_recipes/forced_replies.py): vLLM samples the forced tokens
+     and reports the model's own logprobs of them. Started with `--generation-config vllm`
+     (temperature 1, no top-k/top-p): vLLM reports raw logprobs, computed before temperature, so
+     the trainer's temperature 1 is the one they were computed at.
+   - `--server polar-serve` (`make demo SERVER=polar-serve`): polar-serve's scripted mode, our CPU
+     stand-in, which starts in seconds instead of ~2 minutes.
 4. polar-rollout: the real harness CLI on the bundled sample tasks (data/tasks/), 2 samples per
    task, pipelined
 5. polar-recon build: token-faithful shards
 6. a few GRPO steps with polar-train (trainer/train_grpo.py) on those shards
 7. a summary: episodes, rewards, trainable tokens, where the files are
 
-    python -m harness_recipes.demo [--harness pi|qwen-code|codex|claude-code] [--out runs/demo]
+    python -m harness_recipes.demo [--server vllm|polar-serve] [--harness pi|qwen-code|codex|claude-code]
+                                   [--out runs/demo]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -27,7 +37,7 @@ from polar_recon.assets import data_path
 from .cache import harness_cache, tiny_model
 from .install import ensure_installed, installed_version
 from .recipe import load_recipe
-from .stack import capture_proxy, serve
+from .stack import capture_proxy, scripted_vllm, serve
 
 TASKS = data_path("tasks", "tasks.jsonl")
 SCRIPT = data_path("tasks", "scripts", "fix_tasks.json")
@@ -50,15 +60,23 @@ def rollout(harness: str, proxy: str, logdir: Path, out: Path, samples: int) -> 
          "--concurrency", "2", "--prewarm", "2", "--recon", "none"], timeout=1800)
 
 
-def sampling_temperature(shards: Path, model: Path) -> float:
-    """The temperature polar-serve sampled the shards with: what the harness's requests asked for,
-    else (Pi asks for none) the model's generation_config.json default, as vLLM applies it. The
-    trainer must compute its logprobs at it; it checks every group (trainer/sampling_temperature.py)."""
+def served_default_temperature(server: str, model: Path) -> float:
+    """The temperature the server applies to requests that set none: polar-serve, the model's
+    generation_config.json default, as vLLM does by default; our vLLM runs `--generation-config vllm`
+    (vLLM's neutral defaults: 1.0)."""
+    from trainer.sampling_temperature import generation_default
+
+    return 1.0 if server == "vllm" else generation_default(model)
+
+
+def sampling_temperature(shards: Path, default: float) -> float:
+    """The temperature the server sampled the shards with: what the harness's requests asked for,
+    else (Pi asks for none) the server's default for requests without one. The trainer must
+    compute its logprobs at it; it checks every group (trainer/sampling_temperature.py)."""
     import polars as pl
 
-    from trainer.sampling_temperature import generation_default, logprob_temperature
+    from trainer.sampling_temperature import logprob_temperature
 
-    default = generation_default(model)
     temps = pl.read_parquet(shards / "shard-*.parquet", columns=["temperature"])["temperature"].to_list()
     found = sorted({logprob_temperature(t, default) for t in temps})
     if len(found) != 1:
@@ -66,8 +84,8 @@ def sampling_temperature(shards: Path, model: Path) -> float:
     return found[0]
 
 
-def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int) -> None:
-    temperature = sampling_temperature(shards, model)
+def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int, served_default: float) -> None:
+    temperature = sampling_temperature(shards, served_default)
     print(f"sampling temperature {temperature:g} (the trainer's logprobs use the same)", flush=True)
     # TRL's default importance sampling (sequence_mask, clip 3.0): with the trainer at the server's
     # temperature the ratios are ~1, so no demo sequence is masked.
@@ -76,7 +94,7 @@ def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int) -> No
          "--per_device_train_batch_size", str(samples), "--learning_rate", "1e-5", "--logging_steps", "1",
          "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--save_strategy", "no",
          "--gradient_checkpointing", "false", "--shard_wait_timeout", "60", "--torch_threads", "2",
-         "--temperature", f"{temperature:g}"], timeout=1800)
+         "--temperature", f"{temperature:g}", "--served_default_temperature", f"{served_default:g}"], timeout=1800)
 
 
 def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> dict:
@@ -104,6 +122,9 @@ def summary(out: Path, logdir: Path, shards: Path, ckpt: Path, wall: float) -> d
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", choices=("vllm", "polar-serve"), default="vllm",
+                    help="the inference server: the real vLLM (default; `make vllm` builds it) or polar-serve, "
+                    "our faster CPU stand-in; both scripted")
     ap.add_argument("--harness", default="pi", help="recipe name (default pi: the quickest on a CPU)")
     ap.add_argument("--out", default="runs/demo", help="where everything is written (default: runs/demo here)")
     ap.add_argument("--samples", type=int, default=2, help="episodes per task (the GRPO group size)")
@@ -122,9 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     step("build the tiny Qwen3 model (real tokenizer + chat template, random weights)")
     model = tiny_model()
     print(model)
-    step("start polar-serve (scripted) and mitmdump with the Polar addon")
-    with serve(model, script=SCRIPT) as srv, capture_proxy(srv.url, logdir) as proxy:
-        print(f"polar-serve {srv.url}  <-  mitmdump {proxy.url}  (logs: {logdir})")
+    with contextlib.ExitStack() as stack:
+        if args.server == "vllm":
+            step("start the real vLLM (ForcedReply logits processor; ~2 minutes on a CPU), the scripting shim "
+                 "and mitmdump with the Polar addon")
+            srv = stack.enter_context(scripted_vllm(model, SCRIPT, extra_args=["--generation-config", "vllm"],
+                                                    record=base / "forced.jsonl", vllm_log=base / "vllm.log",
+                                                    shim_log=base / "shim.log"))
+            where = f"vLLM {srv.vllm.url} (log {base / 'vllm.log'})  <-  scripting shim {srv.url}"
+        else:
+            step("start polar-serve (scripted) and mitmdump with the Polar addon")
+            srv = stack.enter_context(serve(model, script=SCRIPT))
+            where = f"polar-serve {srv.url}"
+        proxy = stack.enter_context(capture_proxy(srv.url, logdir))
+        print(f"{where}  <-  mitmdump {proxy.url}  (logs: {logdir})")
         step(f"polar-rollout: {recipe.name} on {TASKS}, {args.samples} samples per task")
         rollout(recipe.name, proxy.url, logdir, out, args.samples)
     step("polar-recon build: token-faithful shards")
@@ -132,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
          "--group-size", str(args.samples)], timeout=600)
     steps = args.steps or len(TASKS.read_text().splitlines())  # one group per task: each gets a step
     step(f"GRPO: {steps} steps with TRL on the shards")
-    train(model, shards, ckpt, args.samples, steps)
-    info = summary(out, logdir, shards, ckpt, time.monotonic() - t0)
+    train(model, shards, ckpt, args.samples, steps, served_default_temperature(args.server, model))
+    info = {"server": args.server, **summary(out, logdir, shards, ckpt, time.monotonic() - t0)}
     step("summary")
     for k, v in info.items():
         print(f"  {k:18} {v}")

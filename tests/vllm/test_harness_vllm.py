@@ -4,8 +4,8 @@
 
 The shim picks each reply from data/tasks/scripts/fix_tasks.json (polar_serve/script.py, as in
 polar-serve's scripted mode) and passes its token ids as `vllm_xargs.polar_forced`; vLLM samples
-them under the processor. Pi speaks chat completions, Codex the Responses API (the addon translates
-it to chat upstream). Each run must fix the task (reward 1.0), every captured call's completion ids
+them under the processor. Pi and Qwen Code speak chat completions, Codex the Responses API (the
+addon translates it to chat upstream). Each run must fix the task (reward 1.0), every captured call's completion ids
 must be exactly the ids the shim forced (the random model never produces them by itself), with the
 model's own (raw, unforced) logprobs, and polar-recon must build the shards. The session's vLLM
 (tests/conftest.py, `real_vllm`) loads the plugin through VLLM_EXTRA_ARGS / VLLM_ENV.
@@ -114,7 +114,7 @@ def proxy(shim, tmp_path_factory):
         yield p
 
 
-@pytest.mark.parametrize("harness", ["pi", "codex"])
+@pytest.mark.parametrize("harness", ["pi", "codex", "qwen-code"])
 def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     ensure_installed(load_recipe(harness))
     out, tag = tmp_path / "out", f"{harness}-vllm"
