@@ -175,7 +175,11 @@ class Backend:
                 ch = {"index": 0, "text": t,
                       "logprobs": {"tokens": [t], "token_logprobs": [lp], "top_logprobs": [None], "text_offset": [j]}
                       if want_lp else None, "finish_reason": "length" if j == last else None}
-                if want_ids:  # unrequested, both servers leave these keys out of stream chunks
+                if v:  # vLLM 0.32 (measured): both keys on every chunk, null when not requested
+                    ch["stop_reason"] = None
+                    ch["prompt_token_ids"] = prompt if want_ids and j == 0 else None
+                    ch["token_ids"] = [i] if want_ids else None
+                elif want_ids:  # unrequested, SGLang leaves these keys out of stream chunks
                     ch["token_ids"] = [i]
                     if j == 0:
                         ch["prompt_token_ids"] = prompt
