@@ -9,10 +9,11 @@ HARNESSES := pi qwen-code codex claude-code mini-swe-agent aider
 # polar uses ~/.cache/polar unless POLAR_CACHE says otherwise (harness_recipes/cache.py).
 export POLAR_CACHE ?= $(CURDIR)/.cache
 
+SGLANG_WHEEL_DIR := $(POLAR_CACHE)/sglang-0.5.23/wheel
 VLLM_VENV := $(POLAR_CACHE)/vllm-venv
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install sysdeps harnesses vllm lint test demo bench clean
+.PHONY: install sysdeps harnesses vllm sglang-wheel lint test demo bench clean
 
 install: $(STAMP)
 
@@ -38,6 +39,11 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $(VLLM_STAMP)
 
+# SGLang 0.5.23's own Python (no CPU build runs here): tests/serve/test_sglang_render.py renders
+# prompts with the wheel's code and holds polar-serve's SGLang dialect to it.
+sglang-wheel: install
+	test -n "$$(ls $(SGLANG_WHEEL_DIR)/sglang-0.5.23-*.whl 2>/dev/null)" || $(VENV)/bin/pip download -q --no-deps sglang==0.5.23 -d $(SGLANG_WHEEL_DIR)
+
 # System packages (chromium, bubblewrap, docker.io, npm) when missing; needs root to install them.
 sysdeps:
 	bash .ci/sysdeps.sh
@@ -51,7 +57,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # Lint, then the whole suite, with a quiet dockerd (no bridge) for the docker runtime tests.
-test: install sysdeps harnesses vllm lint
+test: install sysdeps harnesses vllm sglang-wheel lint
 	bash .ci/with-dockerd.sh $(VENV)/bin/python -m pytest -q tests
 
 # The demo's inference server: vllm (the real vLLM, built by `make vllm`) or polar-serve (faster).
