@@ -52,7 +52,6 @@ class Plan:
     # vLLM completions with echo, where the proxy asked for the ids: the prompt text of each prompt,
     # which vLLM leaves out of `text` once return_token_ids is set (see plan_echo)
     echo_texts: tuple[str, ...] | None = None
-    null_prompt_logprobs: bool = False  # echo + the proxy's logprobs filled `prompt_logprobs`: null it
     not_captured: str | None = None  # why this call cannot be recorded exactly (the row's error)
 
     @property
@@ -76,7 +75,7 @@ def _wants_logprobs(api: str, body: dict) -> bool:
 # Every top-level request key plan_request reads (the proxy reads just these, see jsonhead.py).
 REQUEST_KEYS = ("stream", "logprobs", "n", "echo", "return_token_ids", "return_prompt_token_ids",
                 "return_meta_info", "return_input_ids_in_sglext", "return_output_ids_in_sglext",
-                "prompt_logprobs", "max_tokens")
+                "max_tokens")
 # plan_request also reads `prompt`, but only for a vLLM completions request with `echo` (the proxy
 # then parses that body whole: NEEDS_WHOLE_BODY).
 
@@ -126,8 +125,12 @@ def plan_echo(plan: Plan, body: dict) -> None:
     ``logprobs`` the logprobs cover prompt + completion and ``prompt_logprobs`` is filled; a stream's
     echo chunk (each choice's first) carries ``prompt_token_ids`` with or without the flag.
     So the proxy puts the prompt text back in front of each choice's first ``text`` when the
-    prompt is text (it is what vLLM echoes), nulls the ``prompt_logprobs`` its own logprobs caused,
-    and where it cannot restore the harness's answer it asks for nothing and the row says why."""
+    prompt is text (it is what vLLM echoes), and where it cannot restore the harness's answer it
+    asks for nothing and the row says why. It never adds ``logprobs`` to an echo request: that
+    makes vLLM compute the prompt's logprobs too (a logprob per prompt token, and an answer with
+    ``prompt_logprobs`` the harness did not ask for; measured, it also slows the first chunk enough
+    that vLLM merges the first tokens into it). The row has the ids, and logprobs when the harness
+    asked for them (their completion part)."""
     if "return_token_ids" in plan.harness_flags:
         texts = None  # the harness gets no echoed text directly either: nothing to put back
     else:
@@ -145,8 +148,8 @@ def plan_echo(plan: Plan, body: dict) -> None:
     if plan.not_captured is not None:
         plan.added = {}  # (then the answer has nothing of the proxy's: the strips below change nothing)
         return
+    plan.added.pop("logprobs", None)
     plan.echo_texts = texts
-    plan.null_prompt_logprobs = plan.added_logprobs and body.get("prompt_logprobs") is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,8 +255,7 @@ def _strip_setup(plan: Plan) -> tuple:
     elif plan.echo and plan.stream and plan.dialect == "vllm" and plan.api == "completions":
         keys = ("token_ids",)  # vLLM sends the echo chunk's prompt_token_ids with or without the flag
     sgl_chat = plan.dialect == "sglang" and plan.api == "chat"
-    echo = ((plan.echo_texts, plan.n, plan.null_prompt_logprobs)
-            if plan.echo_texts is not None or plan.null_prompt_logprobs else None)
+    echo = (plan.echo_texts, plan.n) if plan.echo_texts is not None else None
     # empty-delta chunks exist directly too when the harness asked for ids or logprobs itself
     drop_empty = (plan.dialect == "vllm" and plan.api == "chat" and plan.stream and plan.added_logprobs
                   and "return_token_ids" not in plan.harness_flags)
@@ -264,12 +266,9 @@ def _strip_setup(plan: Plan) -> tuple:
 def _restore_echo(echo: tuple, ch: dict) -> bool:
     """One vLLM completions choice (plan_echo): the echoed prompt text back in front of the choice's
     first text (the one that carries ``prompt_token_ids``: the whole answer, or a choice's first
-    chunk), and ``prompt_logprobs`` null again when only the proxy's logprobs filled it."""
-    texts, n, null_prompt_lps = echo
+    chunk)."""
+    texts, n = echo
     changed = False
-    if null_prompt_lps and ch.get("prompt_logprobs") is not None:
-        ch["prompt_logprobs"] = None
-        changed = True
     if texts is not None and ch.get("prompt_token_ids") is not None and isinstance(ch.get("text"), str):
         i = ch.get("index", 0)
         p = i // n if isinstance(i, int) else -1  # vLLM: choice index = prompt index * n + sample

@@ -1,9 +1,9 @@
 """vLLM 0.32 shapes the capture suite found against the real server (sans-IO): the
 answers below are the server's own bytes (tests/vllm/test_capture_real_vllm.py drives the real
-thing). Completions with echo: with the proxy's flags vLLM leaves the echoed prompt out of `text`,
-fills `prompt_logprobs`, and its logprobs cover prompt + completion; `token_ids` is the completion
-only. Completions streams write null id keys; chat streams send empty-delta chunks for the
-flags. The harness must get the answer it would have got without the flags, and the row the
+thing). Completions with echo: with return_token_ids vLLM leaves the echoed prompt out of `text`
+and `token_ids` is the completion only; with logprobs they cover prompt + completion.
+Completions streams write null id keys; chat streams send empty-delta chunks for the flags. The
+harness must get the answer it would have got without the flags, and the row the
 server's ids, or an error."""
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ ECHO_DIRECT = sse([
     HEAD + '{"index":1,"text":"(geometry","logprobs":null,"finish_reason":"length","stop_reason":null,'
            '"prompt_token_ids":null,"token_ids":null}]' + FP + '}',
 ])
-# The same with the proxy's flags (logprobs 0, return_token_ids)
+# The same with logprobs 0 and return_token_ids
 ECHO_FLAGGED = sse([
     HEAD + '{"index":0,"text":" Sunny","logprobs":{"text_offset":[0,2],"token_logprobs":[null,-10.190960884094238],'
            '"tokens":["Hi"," Sunny"],"top_logprobs":[null,{" Sunny":-10.190960884094238}]},"finish_reason":null,'
@@ -62,20 +62,57 @@ ECHO_FLAGGED = sse([
 ])
 
 
+def _events(raw: bytes, change) -> bytes:
+    """Each event of an SSE body changed by change(choice), written back as vLLM writes (compact)."""
+    out = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: {"):
+            obj = json.loads(block[6:])
+            for ch in obj["choices"]:
+                change(ch)
+            block = "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        out.append(block)
+    return "\n\n".join(out).encode()
+
+
+def _no_logprobs(ch):
+    ch["logprobs"] = None
+
+
+def _echoed(ch):
+    ch["token_ids"] = None
+    if ch["prompt_token_ids"] is not None:
+        ch["text"] = {0: "Hi", 1: "Yo"}[ch["index"]] + ch["text"]
+
+
 def test_vllm_echo_stream_restores_the_echoed_text_and_keeps_the_prompt_ids():
     plan = plan_request("completions", "vllm", {"prompt": ["Hi", "Yo"], "echo": True, "stream": True, "max_tokens": 2})
-    assert plan.added == {"logprobs": 0, "return_token_ids": True} and plan.echo_texts == ("Hi", "Yo")
-    cap, f, out = run_stream(plan, ECHO_FLAGGED)
+    # no logprobs: with echo they would make vLLM compute the prompt's logprobs as well
+    assert plan.added == {"return_token_ids": True} and plan.echo_texts == ("Hi", "Yo")
+    cap, f, out = run_stream(plan, _events(ECHO_FLAGGED, _no_logprobs))
     assert out == ECHO_DIRECT
     rows = cap.rows()
     assert [r["missing"] for r in rows] == [None, None]
     assert [r["prompt_ids"].tolist() for r in rows] == [[13048], [64725]]
     assert [r["completion_ids"].tolist() for r in rows] == [[55038, 55038], [130200, 86828]]
-    # the logprobs of the completion only (vLLM's cover the prompt too)
-    assert np.allclose(rows[0]["completion_logprobs"], [-10.190960884094238, -9.849016189575195])
-    assert np.allclose(rows[1]["completion_logprobs"], [-10.138635635375977, -10.16186809539795])
+    assert [r["completion_logprobs"] for r in rows] == [None, None]
+    assert cap.notes == ["choice 0: server returned no logprobs", "choice 1: server returned no logprobs"]
     texts = [c["text"] for c in json.loads(f.response_text())["choices"]]
     assert texts == ["Hi Sunny Sunny", "Yoหลังจาก(geometry"]
+
+
+def test_vllm_echo_stream_with_the_harness_logprobs():
+    """The harness asked logprobs (they cover its prompt too): it keeps them; the row gets the
+    completion's share."""
+    plan = plan_request("completions", "vllm", {"prompt": ["Hi", "Yo"], "echo": True, "stream": True, "logprobs": 0})
+    assert plan.added == {"return_token_ids": True}
+    cap, f, out = run_stream(plan, ECHO_FLAGGED)
+    assert out == _events(ECHO_FLAGGED, _echoed)
+    rows = cap.rows()
+    assert [r["missing"] for r in rows] == [None, None]
+    assert [r["completion_ids"].tolist() for r in rows] == [[55038, 55038], [130200, 86828]]
+    assert np.allclose(rows[0]["completion_logprobs"], [-10.190960884094238, -9.849016189575195])
+    assert np.allclose(rows[1]["completion_logprobs"], [-10.138635635375977, -10.16186809539795])
 
 
 WHOLE_DIRECT = (b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"polar-model","choices":[{"index":0,'
@@ -102,13 +139,15 @@ def _call(body: dict) -> calls.CapturedCall:
 
 def test_vllm_echo_whole_answer_through_the_call():
     c, sent = _call({"model": "polar-model", "prompt": "Hi", "echo": True, "max_tokens": 2})
-    assert sent["logprobs"] == 0 and sent["return_token_ids"] is True
-    out = calls.finish_body(c, 200, WHOLE_FLAGGED)
-    assert out == WHOLE_DIRECT  # the echoed text back, prompt_logprobs null again
+    assert "logprobs" not in sent and sent["return_token_ids"] is True
+    flagged = json.loads(WHOLE_FLAGGED)
+    flagged["choices"][0].update(logprobs=None, prompt_logprobs=None)  # (as vLLM answers without logprobs)
+    out = calls.finish_body(c, 200, json.dumps(flagged, separators=(",", ":")).encode())
+    assert out == WHOLE_DIRECT  # the echoed text back
     (row,) = calls.rows(c, 1.0)
     assert row["error"] is None, row["error"]
     assert row["prompt_ids"].tolist() == [13048] and row["completion_ids"].tolist() == [55038, 55038]
-    assert np.allclose(row["completion_logprobs"], [-10.190960884094238, -9.849016189575195])
+    assert row["completion_logprobs"] is None and "server returned no logprobs" in row["notes"][0]
 
 
 def test_vllm_echo_with_the_harness_own_flags():
@@ -116,7 +155,7 @@ def test_vllm_echo_with_the_harness_own_flags():
     echoed text either), the prompt_logprobs are its own; the row still splits the logprobs."""
     c, sent = _call({"model": "polar-model", "prompt": "Hi", "echo": True, "max_tokens": 2, "logprobs": 0,
                      "return_token_ids": True})
-    assert c.plan.added == {} and c.plan.echo_texts is None and not c.plan.null_prompt_logprobs
+    assert c.plan.added == {} and c.plan.echo_texts is None
     assert calls.finish_body(c, 200, WHOLE_FLAGGED) is None  # untouched
     (row,) = calls.rows(c, 1.0)
     assert row["error"] is None and row["completion_ids"].tolist() == [55038, 55038]

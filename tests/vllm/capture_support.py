@@ -185,13 +185,17 @@ def truth(stack: Stack, api: str, body: dict) -> Truth:
                  [c["logprobs"]["token_logprobs"] for c in choices])
 
 
-def assert_rows_match(rows: list[dict], t: Truth) -> None:
-    """Each choice's row holds exactly the server's ids and logprobs."""
+def assert_rows_match(rows: list[dict], t: Truth, *, logprobs: bool = True) -> None:
+    """Each choice's row holds exactly the server's ids and logprobs (logprobs False: none, and a
+    note says so)."""
     assert [r["choice"] for r in rows] == list(range(len(t.completion_ids)))
     for r, p, c, lp in zip(rows, t.prompt_ids, t.completion_ids, t.logprobs, strict=True):
         assert r["error"] is None, r["error"]
         assert r["prompt_ids"] == p
         assert r["completion_ids"] == c
+        if not logprobs:
+            assert r["completion_logprobs"] is None and any("no logprobs" in n for n in r["notes"])
+            continue
         assert r["completion_logprobs"] is not None and len(r["completion_logprobs"]) == len(c)
         # float32 in the log; the server's floats are float32 logprobs written as doubles
         assert np.allclose(r["completion_logprobs"], lp, rtol=0, atol=1e-5), (r["completion_logprobs"], lp)
