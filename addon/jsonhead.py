@@ -22,11 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
-try:
-    import simdjson as _simdjson
-except ImportError:  # pragma: no cover - an optional speed-up (setup.cfg installs it)
-    _simdjson = None
+import simdjson as _simdjson  # a dependency (setup.cfg); tests set this to None to compare with orjson
 
 _local = threading.local()
 
@@ -42,8 +38,8 @@ def _parser():
 
 def int_list(data: bytes) -> np.ndarray | None:
     """A JSON array of integers (``[...]`` bytes) as int64, parsed in C without a Python int per
-    element (orjson builds 20k ints for a 20k-token prompt: ~1 ms here); None when simdjson is
-    not installed or the array is not all integers (then use orjson)."""
+    element (orjson builds 20k ints for a 20k-token prompt: ~1 ms here); None when the array is
+    not all integers (then use orjson)."""
     if _simdjson is None:
         return None
     try:
