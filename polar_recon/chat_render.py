@@ -76,17 +76,16 @@ def _decode_arguments(tool_calls: Any, where: str) -> list:
 
 @dataclass(frozen=True)
 class RenderRules:
-    """How one server prepares a chat request for the chat template."""
+    """How one server prepares a chat request for the chat template. vLLM's rules are the functions
+    of this module; SGLang's differ in almost every step and live whole in chat_render_sglang, which
+    each entry point below hands an SGLang request to."""
     name: str
-    part_separator: str          # text content parts of one message are joined with this
-    null_content_as_empty: bool  # SGLang hands `content: null` to the template as ""
+    part_separator: str                 # text content parts of one message are joined with this
     reasoning_aliases: tuple[str, ...]  # names an assistant turn's reasoning is passed under
-    tools_dropped_on_none: bool  # SGLang leaves tools out of the prompt with tool_choice "none"
-    whole_tool: bool             # {"type", "function": {...}} (both servers; SGLang: chat_render_sglang)
 
 
-VLLM_RENDER = RenderRules("vllm", "\n", False, ("reasoning_content", "reasoning"), False, True)
-SGLANG_RENDER = RenderRules("sglang", " ", True, ("reasoning_content",), True, True)  # see chat_render_sglang
+VLLM_RENDER = RenderRules("vllm", "\n", ("reasoning_content", "reasoning"))
+SGLANG_RENDER = RenderRules("sglang", " ", ("reasoning_content",))  # see chat_render_sglang
 RENDER_RULES = {r.name: r for r in (VLLM_RENDER, SGLANG_RENDER)}
 
 
@@ -117,8 +116,7 @@ def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
         if role == "user" and "content" not in m:
             raise RequestError(f"{where}.content is required for a user message")
         msg: dict[str, Any] = {"role": role}
-        content = _join_parts(m.get("content"), sep, where)
-        msg["content"] = "" if content is None and rules.null_content_as_empty else content
+        msg["content"] = _join_parts(m.get("content"), sep, where)
         if m.get("tool_calls") is not None and role == "assistant":
             msg["tool_calls"] = _decode_arguments(m["tool_calls"], where)
         for key in ("tool_call_id", "name"):
@@ -165,29 +163,15 @@ def template_tools(tools: Any, tool_choice: Any, rules: RenderRules) -> list[dic
         return chat_render_sglang.template_tools({"tools": tools, "tool_choice": tool_choice})
     if tools is None:
         return None
-    tools = _check_tools(tools)
-    if rules.whole_tool:
-        out = []
-        for t in tools:
-            fn = t["function"]
-            f = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
-            f.update({k: v for k, v in fn.items() if k not in f})  # extra="allow" keeps unknown keys
-            d = {"type": "function", "function": f}
-            if t.get("defer_loading") is not None:
-                d["defer_loading"] = t["defer_loading"]
-            out.append(d)
-        return out or None
-    if tool_choice == "none" and rules.tools_dropped_on_none:
-        return None
-    if isinstance(tool_choice, dict):
-        wanted = (tool_choice.get("function") or {}).get("name")
-        tools = [t for t in tools if t["function"]["name"] == wanted]
     out = []
-    for t in tools:
+    for t in _check_tools(tools):  # vLLM keeps every tool, whatever the tool_choice
         fn = t["function"]
-        defer = fn.get("defer_loading", t.get("defer_loading"))
-        out.append({"description": fn.get("description"), "name": fn["name"], "parameters": fn.get("parameters"),
-                    "strict": bool(fn.get("strict", False)), "defer_loading": defer})
+        f = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+        f.update({k: v for k, v in fn.items() if k not in f})  # extra="allow" keeps unknown keys
+        d = {"type": "function", "function": f}
+        if t.get("defer_loading") is not None:
+            d["defer_loading"] = t["defer_loading"]
+        out.append(d)
     return out or None
 
 
