@@ -270,16 +270,20 @@ class StreamParser:
                 call = self.calls[r] = _CallStream(len(self.calls), d.tool_call_id())
                 out.append({"tool_call": {"index": call.index, "id": call.id, "name": name.string}})
             certain = certain_arguments(outer, body.lstrip(), call.args)
-            if d.streams_raw_arguments and final_calls is None:
+            raw = None
+            if d.streams_raw_arguments:
                 # vLLM 0.32 (checked against the real server): the arguments value's raw text as the
                 # tokens bring it, trailing whitespace held back until more text follows.
                 m = outer.members.get("arguments")
                 raw = "" if m is None else body.lstrip()[m.start:m.end]
-                if raw.startswith("{"):
+                if raw.startswith("{") and final_calls is None:
                     certain = raw if m.end is not None else raw.rstrip()
             if final_calls is not None:
                 final = final_calls[call.index].arguments if call.index < len(final_calls) else None
-                certain = final if final is not None and final.startswith(call.sent) else call.sent
+                if raw is not None and raw.startswith("{") and raw.startswith(call.sent):
+                    certain = raw  # the rest of the raw text (the non-stream answer re-serializes it)
+                else:
+                    certain = final if final is not None and final.startswith(call.sent) else call.sent
             elif d.lags_streamed_arguments and not outer.done:
                 # SGLang sends what the previous and the current partial parse agree on, and only
                 # once the previous parse had non-empty arguments (its `elif prev_arguments:`).
