@@ -15,6 +15,7 @@ import json
 import os
 import re
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,7 +90,15 @@ def differs_only_in_chunking(proxied: bytes, direct: bytes) -> bool:
 
 
 def assert_same_answer(proxied: bytes, direct: bytes, *, several_choices: bool = False) -> None:
-    """The harness's bytes equal the server's less only VOLATILE; on failure, the first line that differs."""
+    """The harness's bytes equal the server's less only VOLATILE; on failure, the first line that differs.
+
+    Callers retry a pair whose streams differ only in where vLLM cut the chunks; when every retry was
+    cut differently (a loaded machine), the two must still carry the same content chunk for chunk
+    merged (the proxy's own pass-through is byte-exact by the sans-IO stream tests), said by a warning."""
+    if differs_only_in_chunking(proxied, direct):
+        warnings.warn("vLLM cut the two streams' chunks differently in every retry: compared their content "
+                      "with the chunk boundaries taken out", stacklevel=2)
+        return
     a, b = norm(proxied), norm(direct)
     if several_choices:
         a, b = by_choice(a), by_choice(b)
