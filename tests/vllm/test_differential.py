@@ -325,7 +325,7 @@ def _canonical(answer: dict, case: Case) -> dict:
     return out
 
 
-def compare(vllm_url: str, polar_url: str, case: Case, tries: int = 3) -> list[str]:
+def compare(vllm_url: str, polar_url: str, case: Case, tries: int = 6) -> list[str]:
     """The differences; a stream is asked for again (up to `tries` times) while it differs: under load
     the real server sometimes sends several tokens in one chunk (its output loop fell behind)."""
     b = _canonical(call(polar_url, case), case)
