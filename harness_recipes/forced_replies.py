@@ -198,22 +198,6 @@ def make_app(forcer: Forcer, upstream: str):
     return app
 
 
-async def _serve(app, host: str, port: int) -> int:
-    from aiohttp import web
-
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    real_port = site._server.sockets[0].getsockname()[1]
-    print(f"{READY}http://{host}:{real_port}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--upstream", required=True, help="vLLM's base URL (started with the ForcedReply plugin)")
@@ -223,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0, help="0: a free port, reported on the ready line")
     ap.add_argument("--log", default=None, help="append one JSON line per forced reply")
     args = ap.parse_args(argv)
+    from polar_serve.listen import serve_forever
     from polar_serve.script import ScriptError
     try:
         forcer = Forcer(Path(args.model), Path(args.script), args.log)
@@ -230,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"polar-forced-replies: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(make_app(forcer, args.upstream), args.host, args.port))
+        return asyncio.run(serve_forever(make_app(forcer, args.upstream), args.host, args.port, READY))
     except KeyboardInterrupt:
         return 0
 

@@ -281,3 +281,4 @@ def make_app(server: Server) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[http_errors])
     server.routes(app)
     return app
+

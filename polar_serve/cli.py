@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from .app import Server, make_app
+    from .listen import serve_forever
     from .model import ServedModel
     try:
         model = ServedModel(args.model, args.max_model_len)
@@ -74,23 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or [Path(args.model).resolve().name]
     from .dialects import DIALECTS
     server = Server(model, DIALECTS[args.dialect].configured(args), name, script, args.weight_version)
-    return asyncio.run(_serve(server, make_app(server), args.host, args.port))
-
-
-async def _serve(server, app, host: str, port: int) -> int:
-    from aiohttp import web
-
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    real_port = site._server.sockets[0].getsockname()[1]
-    print(f"polar-serve listening on http://{host}:{real_port}", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
-    return 0
+    return asyncio.run(serve_forever(make_app(server), args.host, args.port, "polar-serve listening on "))
 
 
 if __name__ == "__main__":
