@@ -109,6 +109,8 @@ class CapturedCall:
     auxiliary: bool = False
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
+    weight_ticket: Any = None  # weight_gate.Ticket: the version the proxy's sync history gives the call
+    weight_hold: Any = None  # weight_hold.UpstreamWeights that issued the ticket (finished with the row)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
     secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
     prepared_request: Any = None  # logwriter.PreparedRequest, computed while the server works
@@ -284,7 +286,7 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
         if not errors:
             errors.append("no token ids: the response was not captured")
         return [dict(base, choice=0, prompt_ids=None, completion_ids=None, completion_logprobs=None,
-                     weight_version=call.header_weight_version, error="; ".join(errors), notes=notes or None)]
+                     weight_version=weight_version(call, notes), error="; ".join(errors), notes=notes or None)]
     version = weight_version(call, notes)
     out = []
     if call.plan is not None and call.plan.not_captured:
@@ -302,11 +304,24 @@ WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 
 def weight_version(call: CapturedCall, notes: list[str]) -> str | None:
-    """The policy version that generated this call. SGLang's ``meta_info.weight_version`` is per
-    request, so it wins; polar-serve's header is the fallback (vLLM has no per-request version).
-    A disagreement (a reload between generation and headers) is noted, never silently merged."""
+    """The policy version that generated this call. A call in flight while the proxy had the server
+    load new weights carries the spanning marker (polar_recon.weight_versions), whatever the server
+    says. Otherwise the server's own word wins: SGLang's ``meta_info.weight_version`` (per request),
+    then polar-serve's header; else the version the proxy's sync history gives (weight_gate.Ticket:
+    learned from the server at first contact, then each sync through the proxy; vLLM's chat answers
+    carry none). A disagreement is noted, never silently merged."""
+    ticket = call.weight_ticket
+    if ticket is not None and ticket.spanned:
+        notes.append(f"weight_version: the call was in flight while the proxy had the server load version "
+                     f"{ticket.span_to!r} (it started under {ticket.start_version!r})")
+        return ticket.version
     meta = call.cap.weight_version if call.cap is not None else None
     head = call.header_weight_version
     if meta is not None and head is not None and meta != head:
         notes.append(f"weight_version: meta_info says {meta!r}, header {WEIGHT_VERSION_HEADER} says {head!r}")
-    return meta if meta is not None else head
+    server = meta if meta is not None else head
+    proxy = ticket.start_version if ticket is not None else None
+    if server is not None and proxy is not None and server != proxy:
+        notes.append(f"weight_version: the server says {server!r}, the proxy's sync history says {proxy!r} "
+                     f"(weights loaded without the proxy?)")
+    return server if server is not None else proxy

@@ -32,7 +32,9 @@ from addon.idlists import PromptCache
 from addon.mitmproxy_patches import FastDispatch, Tuning
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.server_weights import KINDS as SERVER_KINDS
 from addon.translate import TranslationError, translator_for
+from addon.weight_hold import SYNC_PATH, HoldTimeout, SyncRequestError, UpstreamWeights, parse_sync_body
 from polar_recon.logwriter import warm_up
 
 log = logging.getLogger("polar")
@@ -81,6 +83,8 @@ class PolarAddon:
         self.prompt_cache = PromptCache()  # each episode's last prompt id list (idlists.py)
         # each episode's last request without secret keys (redact.py): the next scan reads the change
         self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
+        self._weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
+        self._weights_lock: asyncio.Lock | None = None
 
     # -- options ----------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -96,6 +100,19 @@ class PolarAddon:
         loader.add_option("polar_end_wait_ms", int, 5000,
                           "POST /polar/<id>/end with calls of the episode still in flight: milliseconds to wait "
                           "for them before answering 202 (the end record is written after the last one either way).")
+        loader.add_option("polar_server_kind", str, "auto",
+                          "What the upstream is, for its weight version and POST /polar/@weights syncs: vllm (real "
+                          "vLLM with VLLM_SERVER_DEV_MODE=1) | sglang | polar-serve | auto (the first of GET "
+                          "/weight_info, /model_info, /polar/weight_version that answers; none: versions unknown).")
+        loader.add_option("polar_sync_hold_max_ms", int, 300000,
+                          "A model call arriving during a weight sync waits at most this long, then gets a 503 "
+                          "naming the sync (it is never sent to the server unrecorded).")
+        loader.add_option("polar_sync_drain_ms", int, 60000,
+                          "A weight sync waits this long for the calls in flight to finish; calls still in flight "
+                          "when the load starts are recorded as spanning two versions.")
+        loader.add_option("polar_server_api_key", str, "",
+                          "API key the proxy sends (as a bearer token) on its own requests to the server (version "
+                          "reads, weight syncs); empty: the sync request's Authorization header. Never logged.")
 
     def configure(self, updated) -> None:
         o = ctx.options
@@ -108,6 +125,15 @@ class PolarAddon:
                 raise exceptions.OptionsError(str(exc)) from None
         if "polar_end_wait_ms" in updated and o.polar_end_wait_ms < 0:
             raise exceptions.OptionsError(f"polar_end_wait_ms must be >= 0, not {o.polar_end_wait_ms}")
+        if updated & {"polar_server_kind", "polar_sync_hold_max_ms", "polar_sync_drain_ms"}:
+            if o.polar_server_kind not in (*SERVER_KINDS, "auto"):
+                raise exceptions.OptionsError(f"polar_server_kind must be one of {', '.join(SERVER_KINDS)} or auto, "
+                                              f"not {o.polar_server_kind!r}")
+            for name in ("polar_sync_hold_max_ms", "polar_sync_drain_ms"):
+                if getattr(o, name) < 0:
+                    raise exceptions.OptionsError(f"{name} must be >= 0, not {getattr(o, name)}")
+        if updated & {"polar_server_kind", "polar_server_api_key", "polar_upstream", "polar_logdir"}:
+            self._weights_of = {}  # learned again at the next call
         if "polar_upstream" in updated:
             self._upstream = None
             if o.polar_upstream:
@@ -135,6 +161,9 @@ class PolarAddon:
         path = req.path
         translator = None
         api = api_of(req.method, path)
+        if path.startswith(SYNC_PATH) and path.partition("?")[0].rstrip("/") == SYNC_PATH:
+            await self._weights_endpoint(flow)
+            return
         if not path.startswith(PREFIX) and api is None:
             translator = translator_for(req.method, path)
             if translator is None:
@@ -173,6 +202,8 @@ class PolarAddon:
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
             ok = self._prepare(flow, c, heads)
+            if ok:
+                ok = await self._gate(flow, c)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
@@ -224,6 +255,72 @@ class PolarAddon:
             # the transforms parse the answer: ask for it uncompressed (the harness still decodes it)
             req.headers["accept-encoding"] = "identity"
         return True
+
+    # -- weight versions and syncs (weight_hold.py) -------------------------------------------------
+    def _upstream_base(self, flow: http.HTTPFlow) -> str:
+        u = self._upstream
+        if u is not None:
+            return f"{u.scheme}://{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}{u.path.rstrip('/')}"
+        r = flow.request
+        return f"{r.scheme}://{r.host}:{r.port}"
+
+    async def _weights(self, base: str, authorization: str | None = None) -> UpstreamWeights:
+        """The upstream's gate, its kind and version learned at first contact."""
+        uw = self._weights_of.get(base)
+        if uw is not None:
+            return uw
+        if self._weights_lock is None:
+            self._weights_lock = asyncio.Lock()
+        async with self._weights_lock:  # one probe per upstream, however many calls arrive at once
+            uw = self._weights_of.get(base)
+            if uw is None:
+                key = ctx.options.polar_server_api_key
+                auth = f"Bearer {key}" if key else authorization
+                uw = UpstreamWeights(base, None, None, headers={"Authorization": auth} if auth else {},
+                                     logdir=ctx.options.polar_logdir)
+                await uw.detect(ctx.options.polar_server_kind)
+                self._weights_of[base] = uw
+        return uw
+
+    async def _gate(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> bool:
+        """Wait while a weight sync holds the upstream; False when the proxy answered (503)."""
+        uw = await self._weights(self._upstream_base(flow), flow.request.headers.get("authorization"))
+        try:
+            c.weight_ticket = await uw.enter(ctx.options.polar_sync_hold_max_ms / 1000)
+        except HoldTimeout as exc:
+            c.errors.append(str(exc))
+            c.status = 503
+            flow.response = _error_response(503, str(exc))
+            return False
+        c.weight_hold = uw
+        return True
+
+    async def _weights_endpoint(self, flow: http.HTTPFlow) -> None:
+        """GET /polar/@weights: the upstream's version; POST: a weight sync (weight_hold.py)."""
+        req = flow.request
+        uw = await self._weights(self._upstream_base(flow), req.headers.get("authorization"))
+        if req.method == "GET":
+            flow.response = _json_response(200, uw.info())
+            return
+        if req.method != "POST":
+            flow.response = _error_response(405, f"{SYNC_PATH} accepts GET and POST, not {req.method}")
+            return
+        try:
+            path, version = parse_sync_body(req.content or b"")
+        except SyncRequestError as exc:
+            flow.response = _error_response(400, str(exc))
+            return
+        if not ctx.options.polar_server_api_key and req.headers.get("authorization"):
+            uw.headers = {"Authorization": req.headers["authorization"]}
+        if uw.kind is None:  # the server may have come up since the first call: ask again
+            await uw.detect(ctx.options.polar_server_kind)
+        status, answer = await uw.sync(path, version, ctx.options.polar_sync_drain_ms / 1000)
+        # POLAR(issue 14, capture helper): after a sync, re-probe the upstream's logprobs mode here
+        # (invalidate its cached mode) once addon/polar_addon.py exposes that call.
+        if status != 200:
+            answer = {**answer, "error": {"message": answer["error"], "type": "polar_weight_sync_error",
+                                          "code": status}}
+        flow.response = _json_response(status, answer)
 
     def _after_send(self, c: calls.CapturedCall) -> None:
         """The request's log text (secret scan), then its delta against the episode's previous
@@ -347,6 +444,8 @@ class PolarAddon:
         except Exception as exc:  # noqa: BLE001 - never take the proxy down for one row
             log.error("polar: could not log call %s of episode %s: %s", c.call_index, c.episode_id, exc)
         finally:
+            if c.weight_ticket is not None:  # (after its row: a sync's drain waits for it)
+                c.weight_hold.finish(c.weight_ticket)
             try:
                 self.episodes.call_done(c.episode_id)  # may write a deferred end record
             except Exception as exc:  # noqa: BLE001
