@@ -66,8 +66,8 @@ class PolarGRPOConfig(GRPOConfig):
     shard_wait_timeout: float | None = field(default=None, metadata={
         "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
     max_policy_lag: int | None = field(default=None, metadata={
-        "help": "Drop groups whose weight_version is more than this many reloads behind the newest known "
-        "(and groups without a version). None: keep all."})
+        "help": "Drop groups whose weight_version is more than this many syncs behind the current one, by the "
+        "sync history (and groups whose version is unknown or spans a sync). None: keep all."})
     group_size_policy: str = field(default="pad", metadata={
         "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
         "padding rows) or 'skip'."})
@@ -78,7 +78,9 @@ class PolarGRPOConfig(GRPOConfig):
         "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
     sync_steps: int = field(default=1, metadata={"help": "Push the weights every this many optimizer steps."})
     sync_mode: str = field(default="polar", metadata={
-        "help": "'polar': full weights + POST /polar/reload; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
+        "help": "'proxy': full weights + POST /polar/@weights to the capture proxy (sync_server = the proxy's URL; "
+        "it holds calls and has vLLM, SGLang or polar-serve load them); 'polar': full weights + POST "
+        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
     sync_dir: str | None = field(default=None, metadata={
         "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
     sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
@@ -104,8 +106,8 @@ class PolarGRPOConfig(GRPOConfig):
             raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
         if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
             raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "vllm_lora"):
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'vllm_lora')")
+        if self.sync_mode not in ("polar", "proxy", "vllm_lora"):  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora')")
         self._check_save_alignment()
 
     def _check_save_alignment(self) -> None:
@@ -162,9 +164,9 @@ class ShardRollout:
             self.stats.rows_trimmed += len(group.rows) - n_real
             self.stats.groups += 1
             self.stats.landing_latency.append(time.time() - group.landed_at)
-            cur, v = self.source.current_version, group.version
-            if cur is not None and v is not None:
-                self.stats.policy_lag.append(cur - v)
+            lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
+            if lag is not None:
+                self.stats.policy_lag.append(lag)
             rows += fitted
         return rows_to_columns(rows)
 
