@@ -18,8 +18,9 @@ from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
 # The name the real vLLM serves the tiny model under in the suite, and the flags it starts with
 # (besides stack.VLLM_FLAGS, which run it with --logprobs-mode processed_logprobs, so the
-# differential and capture suites compare processed logprob values): one server for the whole session, so every test that needs flags of
-# its own adds them here rather than starting another (40-100 s and 3.2 GB each).
+# differential and capture suites compare processed logprob values): one server for the whole
+# session, so every test that needs flags of its own adds them here rather than starting another
+# (40-100 s and 3.2 GB each).
 VLLM_MODEL_NAME = "polar-model"
 # The ForcedReply logits processor (harness_recipes/forced_replies.py): a no-op for requests without
 # `vllm_xargs.polar_forced`, so every other test sees plain vLLM; tests/vllm/test_harness_vllm.py
