@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from . import chat, completions
+from . import sampling as sampling_rules
 from .capture import CallCapture, dumps_like, dumps_like_python
 from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
@@ -119,12 +120,26 @@ class CapturedCall:
     trash: list[Any] = field(default_factory=list)
     prompt_cache: Any = None  # idlists.PromptCache of the proxy (None: parse every answer whole)
     clean_requests: Any = None  # redact.CleanRequests of the proxy (None: scan every request whole)
+    # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
+    sampling_defaults: Any = None
+    # the row's sampling columns (sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(sampling_rules.UNKNOWN_COLUMNS))
+    sampling_unknown: tuple[str, ...] = ()  # fields recorded null: unset, and no known default
+    logprobs_mode: str | None = None
 
     def drop_trash(self) -> None:
         self.trash = []
 
 
-_HEAD_KEYS = frozenset((*REQUEST_KEYS, "model"))
+_HEAD_KEYS = frozenset((*REQUEST_KEYS, "model", *sampling_rules.REQUEST_KEYS))
+
+
+def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Record the sampling the server will apply to ``body`` on the call; returns the unset fields
+    to write into the forwarded request (sampling.py: so the recorded value is the applied one)."""
+    r = sampling_rules.resolve(dict(body), call.sampling_defaults)
+    call.sampling, call.sampling_unknown = r.columns, r.unknown
+    return r.fill
 
 
 def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
@@ -140,9 +155,10 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.model = model if isinstance(model, str) else None
         call.plan = plan_request(call.api, call.dialect, fields)
         call.stream = call.plan.stream
-        if any(k in fields for k in call.plan.added):  # the harness set one (to false): re-serialize
-            return add_fields(raw, orjson.loads(raw), call.plan.added)
-        return splice_fields(raw, size > 0, call.plan.added)
+        added = {**call.plan.added, **resolve_sampling(call, fields)}
+        if any(k in fields for k in added):  # the harness set one (to false, null): re-serialize
+            return add_fields(raw, orjson.loads(raw), added)
+        return splice_fields(raw, size > 0, added)
     try:
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:
@@ -165,10 +181,10 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.auxiliary = bool(call.translator.auxiliary)
         call.plan = plan_request("chat", call.dialect, chat_body)
         call.stream = call.plan.stream
-        return dumps_like_python({**chat_body, **call.plan.added})
+        return dumps_like_python({**chat_body, **call.plan.added, **resolve_sampling(call, chat_body)})
     call.plan = plan_request(call.api, call.dialect, body)
     call.stream = call.plan.stream
-    return add_fields(raw, body, call.plan.added)
+    return add_fields(raw, body, {**call.plan.added, **resolve_sampling(call, body)})
 
 
 def finish_request_text(call: CapturedCall) -> None:
@@ -281,6 +297,7 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
         prepared_request=call.prepared_request,
         response=call.response_text, auxiliary=call.auxiliary,
+        **call.sampling, logprobs_mode=call.logprobs_mode,
     )
     if call.cap is None:
         if not errors:

@@ -29,9 +29,11 @@ from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import EpisodeFinished, Episodes
 from addon.idlists import PromptCache
+from addon.logprobs_probe import PROBE_TIMEOUT, ModeCache, probe_upstream
 from addon.mitmproxy_patches import FastDispatch, Tuning
 from addon.redact import CleanRequests
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.sampling import GenerationConfigError, load_generation_config
 from addon.server_weights import KINDS as SERVER_KINDS
 from addon.translate import TranslationError, translator_for
 from addon.weight_hold import SYNC_PATH, HoldTimeout, SyncRequestError, UpstreamWeights, parse_sync_body
@@ -85,6 +87,10 @@ class PolarAddon:
         self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
         self._weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
         self._weights_lock: asyncio.Lock | None = None
+        # sampling defaults of the served model (sampling.py; None: polar_generation_config unset)
+        self.sampling_defaults = None
+        self._warned_unknown_sampling = False
+        self.logprobs_modes = ModeCache()  # each upstream's logprobs mode (logprobs_probe.py)
 
     # -- options ----------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -113,6 +119,16 @@ class PolarAddon:
         loader.add_option("polar_server_api_key", str, "",
                           "API key the proxy sends (as a bearer token) on its own requests to the server (version "
                           "reads, weight syncs); empty: the sync request's Authorization header. Never logged.")
+        loader.add_option("polar_generation_config", str, "",
+                          "The served model's directory or its generation_config.json: the sampling defaults the "
+                          "server applies to fields a request leaves unset. The proxy then writes them into the "
+                          "request it forwards and records them on each row (temperature, top_p, top_k, min_p). "
+                          "'none': the server applies no model defaults (vLLM --generation-config vllm). Unset: "
+                          "such fields are recorded as unknown (null).")
+        loader.add_option("polar_logprobs_mode", str, "auto",
+                          "What the upstream's logprobs are, recorded on each row: auto (probe each upstream once "
+                          "before its first call, again after a weight sync or a failed connection) | processed | "
+                          "raw | scaled | unknown (no probe; recorded null).")
 
     def configure(self, updated) -> None:
         o = ctx.options
@@ -134,7 +150,20 @@ class PolarAddon:
                     raise exceptions.OptionsError(f"{name} must be >= 0, not {getattr(o, name)}")
         if updated & {"polar_server_kind", "polar_server_api_key", "polar_upstream", "polar_logdir"}:
             self._weights_of = {}  # learned again at the next call
+        if "polar_generation_config" in updated:
+            self.sampling_defaults = None
+            if o.polar_generation_config:
+                try:
+                    self.sampling_defaults = load_generation_config(o.polar_generation_config)
+                except GenerationConfigError as exc:
+                    raise exceptions.OptionsError(str(exc)) from None
+        if "polar_logprobs_mode" in updated:
+            if o.polar_logprobs_mode not in ("auto", "processed", "raw", "scaled", "unknown"):
+                raise exceptions.OptionsError("polar_logprobs_mode must be auto, processed, raw, scaled or unknown, "
+                                              f"not {o.polar_logprobs_mode!r}")
+            self.logprobs_modes.invalidate()
         if "polar_upstream" in updated:
+            self.logprobs_modes.invalidate()
             self._upstream = None
             if o.polar_upstream:
                 u = urllib.parse.urlsplit(o.polar_upstream)
@@ -201,9 +230,13 @@ class PolarAddon:
             c.translator = translator
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
+            c.sampling_defaults = self.sampling_defaults
             ok = self._prepare(flow, c, heads)
             if ok:
                 ok = await self._gate(flow, c)
+            if ok:
+                self._warn_unknown_sampling(c)
+                c.logprobs_mode = await self._logprobs_mode(flow, c)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
@@ -315,12 +348,56 @@ class PolarAddon:
         if uw.kind is None:  # the server may have come up since the first call: ask again
             await uw.detect(ctx.options.polar_server_kind)
         status, answer = await uw.sync(path, version, ctx.options.polar_sync_drain_ms / 1000)
-        # POLAR(issue 14, capture helper): after a sync, re-probe the upstream's logprobs mode here
-        # (invalidate its cached mode) once addon/polar_addon.py exposes that call.
+        self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights, maybe a restarted server
         if status != 200:
             answer = {**answer, "error": {"message": answer["error"], "type": "polar_weight_sync_error",
                                           "code": status}}
         flow.response = _json_response(status, answer)
+
+    # -- sampling and logprobs mode (sampling.py, logprobs_probe.py) ---------------------------------
+    def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:
+        if c.sampling_unknown and not self._warned_unknown_sampling:
+            self._warned_unknown_sampling = True
+            log.warning("polar: a request leaves %s unset and the server's defaults for them are unknown: rows "
+                        "record them as null (unknown). Set --set polar_generation_config=<model dir> (or 'none').",
+                        ", ".join(c.sampling_unknown))
+
+    async def _logprobs_mode(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> str | None:
+        """The upstream's logprobs mode: probed once per upstream (the first calls wait for the
+        probe, at most PROBE_TIMEOUT; then they go on and record null while it finishes)."""
+        opt = ctx.options.polar_logprobs_mode
+        if opt != "auto":
+            return None if opt == "unknown" else opt
+        base = self._upstream_base(flow)
+        cache = self.logprobs_modes
+        if cache.should_probe(base, time.monotonic()):
+            cache.started(base, asyncio.ensure_future(self._probe(base, c.model)))
+        task = cache.entry(base).task
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), PROBE_TIMEOUT)
+            except TimeoutError:
+                log.warning("polar: the logprobs-mode probe of %s takes over %.0f s: this call records null",
+                            base, PROBE_TIMEOUT)
+        return cache.mode(base)
+
+    async def _probe(self, base: str, model: str | None) -> None:
+        generation = self.logprobs_modes.entry(base).generation
+        mode = None
+        try:
+            mode = await asyncio.to_thread(probe_upstream, base, model, PROBE_TIMEOUT)
+            if mode is None:
+                log.warning("polar: the logprobs-mode probe of %s could not tell processed, raw or scaled: rows "
+                            "record logprobs_mode null until a later probe can (or set polar_logprobs_mode)", base)
+        except Exception as exc:  # noqa: BLE001 - any failure means "unknown", retried later
+            log.warning("polar: the logprobs-mode probe of %s failed (%s: %s): rows record logprobs_mode null "
+                        "until a later probe succeeds", base, type(exc).__name__, exc)
+        self.logprobs_modes.done(base, generation, mode, time.monotonic())
+
+    def invalidate_logprobs_mode(self, base: str | None = None) -> None:
+        """Forget the logprobs mode of upstream ``base`` (all: None); its next call probes again.
+        Called after a weight sync and when a call to the upstream fails to connect."""
+        self.logprobs_modes.invalidate(base)
 
     def _after_send(self, c: calls.CapturedCall) -> None:
         """The request's log text (secret scan), then its delta against the episode's previous
@@ -432,6 +509,8 @@ class PolarAddon:
             return
         msg = flow.error.msg if flow.error else "unknown error"
         where = "mid-stream" if c.transform is not None else "before a response"
+        if c.status is None:  # no answer at all: the server may have restarted (another mode)
+            self.invalidate_logprobs_mode(self._upstream_base(flow))
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
