@@ -100,6 +100,11 @@ class UpstreamWeights:
         self.headers = headers or {}  # the server's API key, if any: never logged
         self.logdir = logdir
         self.timeout = timeout
+        # Where the weights the server serves now live (for a server whose failed load is not
+        # atomic, the proxy loads them again): vLLM's model card ``root`` at first contact, then
+        # the path of each good sync.
+        self.good_path: str | None = None
+        self._recovery: dict | None = None  # the failed sync's attempt to load good_path again
         self._changed = asyncio.Event()
 
     def _signal(self) -> None:
@@ -159,11 +164,21 @@ class UpstreamWeights:
                 reasons.append(f"{k}: {exc}"[:300])
                 continue
             self.kind, self.gate.version = k, v
+            if not ATOMIC[k]:
+                self.good_path = await self._model_root()
             log.info("polar: upstream %s is %s, serving weight_version %r", self.base, k, v)
             return
         log.warning("polar: cannot learn the weight version of %s (polar_server_kind=%s): %s. Rows carry "
                     "weight_version null and weight syncs through the proxy are refused; for real vLLM start it "
                     "with VLLM_SERVER_DEV_MODE=1", self.base, kind_option, "; ".join(reasons))
+
+    async def _model_root(self) -> str | None:
+        try:
+            status, body = await self.http("GET", self.base + "/v1/models", None, self.headers, 30.0)
+            root = json.loads(body)["data"][0].get("root") if status == 200 else None
+        except Exception:  # noqa: BLE001 - no recovery path then (the failure marker still protects rows)
+            return None
+        return root if isinstance(root, str) else None
 
     # -- a sync -----------------------------------------------------------------------------------
     async def sync(self, path: str, version: str, drain_s: float) -> tuple[int, dict]:
@@ -182,6 +197,7 @@ class UpstreamWeights:
         rec: dict[str, Any] = {"upstream": self.base, "server_kind": self.kind, "previous_version": before,
                                "target_version": version, "path": path, "t_request": t0, "steps": []}
         error, after, spanned = None, before, []
+        self._recovery = None
         load_tried = False
         try:
             drained = await self._until(lambda: self.gate.drained, drain_s)
@@ -212,6 +228,7 @@ class UpstreamWeights:
                     error = f"the version could not be read back after the sync: {exc}"
             if error is None:
                 after = version
+                self.good_path = path
             else:
                 after = await self._after_failure(before, version, load_tried)
         except BaseException as exc:  # (a bug, or cancellation) the held calls must still be released
@@ -223,6 +240,7 @@ class UpstreamWeights:
             self._signal()
             t1 = time.time()
             rec.update(outcome="ok" if error is None else "failed", weight_version=after, t_released=t1,
+                       recovery=self._recovery,
                        seconds=round(t1 - t0, 4), held_calls=self.gate.waiting, spanned_calls=len(spanned))
             if error is not None:
                 rec["error"] = error
@@ -233,15 +251,41 @@ class UpstreamWeights:
                   "held_calls": rec["held_calls"], "spanned_calls": len(spanned), "drained": rec["drained"]}
         if error is not None:
             log.error("polar: weight sync of %s to %r failed: %s (serving %r)", self.base, version, error, after)
-            return 502, {"error": f"weight sync to {version!r} failed: {error}", **answer}
+            return 502, {"error": f"weight sync to {version!r} failed: {error}", **answer,
+                         **({"recovery": self._recovery} if self._recovery else {})}
         log.info("polar: weight sync of %s: %r -> %r in %.3f s (%d calls held, %d spanned)", self.base, before,
                  version, rec["seconds"], rec["held_calls"], len(spanned))
         return 200, answer
 
     async def _after_failure(self, before: str | None, target: str, load_tried: bool) -> str:
-        """The version after a failed sync: the server's own word when its load is atomic; a marker
-        when the load may have changed part of the weights (vLLM's in-place reload)."""
+        """The version after a failed sync: the server's own word when its load is atomic. vLLM's
+        in-place reload is not: a failed one leaves the model's weights unloaded (on the CPU build
+        the next forward pass kills the engine: "onednn_mm ... Meta tensors"), so the proxy loads
+        the previous weights again (``good_path``) and names them ``before``; when it cannot, an
+        ``unknown:`` marker (polar_recon/weight_versions.py) and an error log say the server may be
+        unusable."""
         if load_tried and not ATOMIC[self.kind]:
+            self._recovery = {"path": self.good_path}
+            if self.good_path is not None and before is not None:
+                why = None
+                for step in sync_steps(self.kind, self.good_path, before, drained=True):
+                    if why is not None and not step.always:
+                        continue
+                    try:
+                        status, body = await self.http(step.method, self.base + step.path, step.body,
+                                                       self.headers, self.timeout)
+                        w = check_step(self.kind, step, status, body)
+                    except Exception as exc:  # noqa: BLE001
+                        w = f"{step.method} {step.path} failed: {exc}"
+                    why = why or w
+                self._recovery["outcome"] = "ok" if why is None else why
+                if why is None:
+                    log.warning("polar: %s: the failed sync to %r was undone: weights of %s loaded again as %r",
+                                self.base, target, self.good_path, before)
+                    return before
+            log.error("polar: %s: a failed sync to %r may have left the weights unloaded or mixed and they "
+                      "could not be loaded again (%s); the server may not serve until a good sync",
+                      self.base, target, self._recovery)
             return unknown(f"a failed sync to {target} may have changed part of the weights")
         try:
             return await self.read_version()
