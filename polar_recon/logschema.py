@@ -59,6 +59,9 @@ FIELDS: list[pa.Field] = [
     pa.field("completion_ids", pa.list_(pa.int32())),
     pa.field("completion_logprobs", pa.list_(pa.float32())),
     pa.field("finish_reason", pa.string()),
+    # the policy version that served the call (the proxy mediates weight syncs: addon/weight_hold.py);
+    # 'spans:["A","B"]' (in flight across a sync) and 'unknown:<why>' name no single version
+    # (polar_recon/weight_versions.py): the trainer never reads them as one
     pa.field("weight_version", pa.string()),
     # Schema v3: the sampling the server ACTUALLY applied (the request's value, else the served
     # model's default; see addon/sampling.py), normalised: top_k disabled = -1, top_p disabled =
