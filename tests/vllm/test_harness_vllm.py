@@ -100,6 +100,14 @@ def test_vllm_samples_the_forced_reply(shim, stock_vllm):
     assert status == 400 and b"declares tools" in raw
 
 
+def test_the_probe_says_raw_for_a_stock_vllm(stock_vllm):
+    """vLLM's default logprobs (raw_logprobs) are told apart from processed ones (the session's
+    server, tests/vllm/test_logprobs_mode.py) by the addon's probe."""
+    from addon.logprobs_probe import probe_upstream
+
+    assert probe_upstream(stock_vllm.url, VLLM_MODEL_NAME) == "raw"
+
+
 def one_task(tmp_path: Path, tag: str) -> Path:
     task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
     task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
@@ -111,7 +119,9 @@ def one_task(tmp_path: Path, tag: str) -> Path:
 @pytest.fixture(scope="module")
 def proxy(shim, tmp_path_factory):
     logdir = tmp_path_factory.mktemp("logs")
-    with capture_proxy(shim.url, logdir) as p:
+    # (the mode is known: the probe's own requests would be scripted by the shim and counted among
+    # the forced replies; test_the_probe_says_raw_for_a_stock_vllm probes this server directly)
+    with capture_proxy(shim.url, logdir, sets={"polar_logprobs_mode": "raw"}) as p:
         p.logdir = logdir
         yield p
 
@@ -149,6 +159,7 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
         assert r["status"] == 200
         assert r["prompt_ids"] and len(r["completion_logprobs"]) == len(r["completion_ids"])
         assert all(-30 < lp < -1 for lp in r["completion_logprobs"])  # the model's raw logprobs
+        assert r["logprobs_mode"] == "raw"
 
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
