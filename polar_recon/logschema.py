@@ -20,6 +20,10 @@ The request text is stored the same way (against the previous call row). The thr
 zstd frame. (Arrow IPC body compression was tried: it compresses all ~70 small buffers of a row
 with a fresh context each, ~1.5 ms CPU a row, more than the whole per-call budget of the proxy.)
 So a growing episode costs about its new tokens.
+
+Schema v3 added the sampling columns (``SAMPLING_COLUMNS``: what the server applied and what its
+logprobs are; rules in sampling.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
+upgrade and restart) reads with those columns null: unknown, which is what they are.
 """
 from __future__ import annotations
 
