@@ -25,7 +25,9 @@ temperature 0.0) and what its logprobs are (``logprobs_mode``):
   the log-softmax of the unscaled logits (sampler.py:264-273, or a mixed batch's T -> 1.0 at :238).
 - ``scaled`` (SGLang 0.5.23's default, sglang/srt/layers/sampler.py :275 divides by the temperature
   and the logprobs are taken before top-k/top-p): log-softmax of ``logits / T``, no truncation;
-  greedy: unscaled (:220-221).
+  greedy: unscaled (:220-221). Both sides of the ratio are then the untruncated tempered softmax: exact
+  on-policy (ratio 1); off-policy it omits the ratio of the kept masses Z_old/Z_mu, which the server's
+  per-token scaled logprob does not carry (processed logprobs do).
 - ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; refused with the fix.
 
 Penalties, logit bias, bad words, allowed token ids, structured output and the like change the
