@@ -138,7 +138,9 @@ def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
         ch = r["choices"][0]
         for t in set(ch.get("token_ids") or ch.get("response_token_ids") or []):  # vLLM | SGLang names
             s = tokenizer.decode([t]).strip()
-            if len(s) >= 2:  # short fragments match by accident
+            # short fragments match by accident; a partial UTF-8 sequence ("\ufffd") shows in the text or
+            # not depending on the next token, a reward the policy cannot learn
+            if len(s) >= 2 and "\ufffd" not in s:
                 cands[s] += 1
     if not cands:
         raise RuntimeError("calibration: no usable token in the sampled answers")
