@@ -88,14 +88,15 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
         assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
 
 
-def test_closed_loop_reward_rises(tmp_path, tiny_dir):
-    cfg = LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4)
+@pytest.mark.parametrize("dialect,mode", [("vllm", "processed"), ("sglang", "scaled")])
+def test_closed_loop_reward_rises(tmp_path, tiny_dir, dialect, mode):
+    cfg = LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4, dialect=dialect)
     assert cfg.is_correction and cfg.temperature is cfg.top_k is cfg.top_p is None  # the server's defaults
     r = run_closed_loop(cfg)
     print(r.summary(), file=sys.stderr)
     rows = [x for f in sorted((tmp_path / "shards").glob("shard-*.parquet")) for x in pq.read_table(f).to_pylist()]
     assert rows and all((x["temperature"], x["top_k"], x["top_p"], x["min_p"], x["logprobs_mode"],
-                         x["sampling_unsupported"]) == (0.6, 20, 0.95, 0.0, "processed", None) for x in rows), rows[0]
+                         x["sampling_unsupported"]) == (0.6, 20, 0.95, 0.0, mode, None) for x in rows), rows[0]
     assert len(r.is_stats) == 6  # the correction ran at every step...
     for st in r.is_stats:  # ...on-policy, truncation-aware: ratio 1, nothing masked
         assert st["importance_sampling_ratio/clipped_frac"] == 0.0, st
