@@ -50,9 +50,21 @@ SHARD_SCHEMA = pa.schema([
     # calls" when the row's calls differ in a sampling column, which is then null). The trainer
     # excludes or refuses such rows.
     pa.field("sampling_unsupported", pa.string()),
+    # Context fidelity (link.py, fidelity.py): tokens of this row's context that differ from the
+    # prompt the server was served for a later call of the row, all of a KNOWN re-render class
+    # (the row keeps the sampled tokens; the served prompt held them re-rendered), and the names
+    # of those classes (link.REALIGN_CLASSES). 0 / [] = every call saw exactly its row prefix.
+    pa.field("realign_tokens", pa.int32()),
+    pa.field("realign_classes", pa.list_(pa.string())),
+    # How the row's last trainable completion ended: stop | length | timeout | error (TERMINATIONS),
+    # for the trainer's mask_truncated_completions. null = unknown (an older build).
+    pa.field("termination", pa.string()),
 ])
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+# columns added by issue 15; a shard of an older build lacks them (readers treat them as null)
+FIDELITY_FIELDS = ("realign_tokens", "realign_classes", "termination")
+TERMINATIONS = ("stop", "length", "timeout", "error")
 
 
 class ManifestError(Exception):
@@ -96,6 +108,8 @@ class GroupRows:
         }
         for f in SAMPLING_FIELDS:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
+        for f in FIDELITY_FIELDS:
+            cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
 
 
@@ -111,7 +125,7 @@ class ShardWriter:
         self._writer = pq.ParquetWriter(
             str(self.tmp), SHARD_SCHEMA, compression=compression,
             use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model", "logprobs_mode",
-                            "sampling_unsupported"],
+                            "sampling_unsupported", "termination"],
             write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,10 @@ class Sequence:
     min_p: float | None = None
     logprobs_mode: str | None = None
     sampling_unsupported: str | None = None
+    # context fidelity (shards.py documents the columns)
+    realign_tokens: int = 0
+    realign_classes: list[str] = field(default_factory=list)
+    termination: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -83,6 +87,23 @@ def oldest_version(versions: list[str | None]) -> str | None:
         return versions[0]
 
 
+def termination(ep: Episode, calls: list[Call]) -> str:
+    """How a row's last trainable completion ended (shards.TERMINATIONS): ``length`` when the
+    server cut it at max_tokens, ``error`` when the call failed, ``timeout`` when it is the
+    episode's last call and the rollout ended the episode on a timeout (harness_recipes records
+    end metadata ``status: "timeout"``), else ``stop``."""
+    last = calls[-1]
+    if last.info.get("error"):
+        return "error"
+    if last.info.get("finish_reason") == "length":
+        return "length"
+    if ep.metadata.get("status") == "timeout" or ep.metadata.get("timeout") is True:
+        final = max((c.call_index for c in ep.calls if c.usable), default=None)
+        if last.call_index == final:
+            return "timeout"
+    return "stop"
+
+
 def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_realign: int) -> Sequence:
     ids = np.concatenate([p[0] for p in pieces]).astype(np.int32, copy=False)
     mask = np.concatenate([np.full(len(p[0]), p[1], dtype=np.int8) for p in pieces])
@@ -90,7 +111,7 @@ def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_real
     return Sequence(
         ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
         oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
-        [c.call_index for c in calls], **chain_sampling(calls),
+        [c.call_index for c in calls], **chain_sampling(calls), termination=termination(ep, calls),
     )
 
 
@@ -209,7 +230,7 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),
                             calls[0].info.get("model"), [c.call_index for c in calls],
-                            **chain_sampling(calls)))
+                            **chain_sampling(calls), termination=termination(ep, calls)))
     return out
 
 
