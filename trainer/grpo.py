@@ -54,11 +54,22 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
+from trainer.advantages import episode_advantages
 from trainer.is_correction import MODES, is_ratio
-from trainer.rollout import POLICIES, RolloutStats, fit_group, resolve_sampling, rows_to_columns
+from trainer.rollout import (
+    POLICIES,
+    GroupTooLarge,
+    RolloutStats,
+    exclude_too_long,
+    fit_group,
+    mask_truncated,
+    pad_row,
+    resolve_sampling,
+    rows_to_columns,
+)
 from trainer.sampling import Transform, token_logprobs
 from trainer.sampling_temperature import check_rows, generation_default
-from trainer.shard_source import ShardCursor, ShardSource
+from trainer.shard_source import NoShardsError, ShardCursor, ShardSource
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +97,9 @@ class PolarGRPOConfig(GRPOConfig):
         "padding rows) or 'skip'."})
     drop_incomplete_groups: bool = field(default=False, metadata={
         "help": "Drop groups recon wrote after a timeout (group_complete=false)."})
+    shard_max_length: int | None = field(default=None, metadata={
+        "help": "Exclude (counted, logged: too_long) episodes with a row longer than this many tokens. Default: "
+        "the model's max_position_embeddings. TRL truncates nothing on the rollout_func path."})
     # Weight sync (trainer/weight_sync.py). Off unless sync_server is set.
     sync_server: str | None = field(default=None, metadata={
         "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
@@ -143,11 +157,12 @@ def shard_reward(prompts, completions, reward, **kwargs) -> list[float | None]:
 
 
 class ShardRollout:
-    """The ``rollout_func``: pulls len(prompts)/G groups from the source, G rows each."""
+    """The ``rollout_func``: fills len(prompts) rows with whole groups from the source (rollout.py)."""
 
     def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
                  wait_timeout: float | None = None, temperature: float | None = None,
-                 served_default_temperature: float = 1.0, is_correction: bool = False):
+                 served_default_temperature: float = 1.0, is_correction: bool = False,
+                 max_length: int | None = None, mask_truncated: bool = False):
         self.source = source
         self.g = num_generations
         self.policy = policy
@@ -155,42 +170,119 @@ class ShardRollout:
         self.temperature = temperature  # the trainer's; None: not checked
         self.served_default_temperature = served_default_temperature
         self.is_correction = is_correction  # resolve each row's sampling transform (refuse / exclude)
+        self.max_length = max_length  # rows longer: episode excluded (too_long)
+        self.mask_truncated = mask_truncated  # the trainer's mask_truncated_completions
         self.stats = RolloutStats()
         self.batch_transforms: list[Transform | None] = []  # of the last call's rows, in order
 
     def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
         if len(prompts) % self.g:
             raise ValueError(f"{len(prompts)} prompts is not a multiple of num_generations {self.g}")
-        rows: list[dict] = []
-        while len(rows) < len(prompts):
-            group = self.source.next_group(self.wait_timeout)
-            if self.is_correction:
-                group, excluded = resolve_sampling(group, self.served_default_temperature)
-                for ep, n, why in excluded:
-                    self.stats.rows_excluded[why] += n
-                    log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
-                                group.group_id, group.shard, ep, n, why)
-            if self.temperature is not None:
-                check_rows(group.rows, self.temperature, self.served_default_temperature,
-                           f"group {group.group_id} of {group.shard}")
-            fitted, note = fit_group(group, self.g, self.policy)
-            if fitted is None:
-                self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
-                log.warning("skipping group %s of %s: %s", group.group_id, group.shard, note)
-                continue
-            if note:
-                log.info("group %s of %s: %s", group.group_id, group.shard, note)
-            n_real = sum(not r["polar_pad"] for r in fitted)
-            self.stats.rows_padded += self.g - n_real
-            self.stats.rows_trimmed += len(group.rows) - n_real
-            self.stats.groups += 1
-            self.stats.landing_latency.append(time.time() - group.landed_at)
-            lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
-            if lag is not None:
-                self.stats.policy_lag.append(lag)
-            rows += fitted
+        world = self.source.world_size
+        rows = self._fill(len(prompts), trainer) if world == 1 else self._fill_in_lockstep(len(prompts), trainer)
+        if self.mask_truncated:
+            eos = set(getattr(trainer, "eos_token_ids", None) or [])
+            tok = getattr(trainer, "_tokenizer", None)
+            if tok is not None and tok.pad_token_id is not None:
+                eos.add(tok.pad_token_id)
+            self.stats.rows_masked_truncated += mask_truncated(rows, eos)
         self.batch_transforms = [r["transform"] for r in rows]
         return rows_to_columns(rows)
+
+    def _fill(self, n: int, trainer, timeout: float | None = None, block: bool = True) -> list[dict]:
+        """Rows for this rank: whole groups, then padding blocks when the next group does not fit.
+        ``block`` False: stop (returning what it has) when no group is available right now."""
+        rows = getattr(self, "_partial", None) or []
+        self._partial = None
+        while len(rows) < n:
+            if block:
+                group = self.source.next_group(self.wait_timeout if timeout is None else timeout)
+            else:
+                group = self.source.try_next()
+                if group is None:
+                    self._partial = rows
+                    return rows
+            fitted = self._prepare(group)
+            if fitted is None:
+                continue
+            if len(fitted) > n:
+                raise GroupTooLarge(
+                    f"group {group.group_id} of {group.shard} needs {len(fitted)} rows ({len(group.episodes)} "
+                    f"episodes, {len(group.rows)} segments) but a generation batch holds {n} per rank: raise "
+                    "per_device_train_batch_size x steps_per_generation (or num_generations) so a whole group "
+                    "fits; its episodes share one baseline and cannot be split across batches")
+            if len(fitted) > n - len(rows):
+                self.source.push_back(group)  # first in the next batch; the cursor stays before it
+                self.stats.groups_deferred += 1
+                log.info("group %s of %s (%d rows) does not fit in the %d rows left of this batch: next batch",
+                         group.group_id, group.shard, len(fitted), n - len(rows))
+                pads = [pad_row(rows[0] if rows else fitted[0]) for _ in range(n - len(rows))]
+                self.stats.rows_padded += len(pads)
+                rows += pads
+                break
+            self._account(group, fitted)
+            rows += fitted
+        return rows
+
+    def _fill_in_lockstep(self, n: int, trainer) -> list[dict]:
+        """Several ranks: each fills from its own partition without blocking; every poll interval all
+        ranks exchange whether they are done and whether one ran past the wait timeout. They finish
+        together, and when any rank runs out (timeout) every rank raises NoShardsError together: no
+        rank is left alone in a collective while another waits for data. With no timeout, all ranks
+        wait together for as long as data takes (a stream)."""
+        import torch
+
+        t0 = time.monotonic()
+        while True:
+            rows = self._fill(n, trainer, block=False)
+            timed_out = self.wait_timeout is not None and time.monotonic() - t0 >= self.wait_timeout
+            mine = torch.tensor([[len(rows) >= n, timed_out and len(rows) < n]], dtype=torch.long,
+                                device=trainer.accelerator.device)
+            flags = trainer.accelerator.gather(mine).view(-1, 2).cpu()
+            if bool(flags[:, 0].all()):
+                self._partial = None
+                self.source.stats.wait_seconds += time.monotonic() - t0
+                return rows
+            if bool(flags[:, 1].any()):
+                short = [r for r in range(flags.size(0)) if flags[r, 1]]
+                raise NoShardsError(
+                    f"rank(s) {short} of {flags.size(0)} got no group of their partition in "
+                    f"{self.wait_timeout}s (this rank {self.source.rank}: {len(rows)}/{n} rows, cursor "
+                    f"{self.source.cursor}); every rank stops here")
+            time.sleep(self.source.poll_interval)
+
+    def _prepare(self, group) -> list[dict] | None:
+        """The group's rows for TRL (exclusions applied, laid out in blocks), or None if skipped."""
+        excluded = []
+        if self.is_correction:
+            group, excluded = resolve_sampling(group, self.served_default_temperature)
+        group, too_long = exclude_too_long(group, self.max_length)
+        for ep, k, why in excluded + too_long:
+            self.stats.rows_excluded["too_long" if (ep, k, why) in too_long else why] += k
+            log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
+                        group.group_id, group.shard, ep, k, why)
+        if self.temperature is not None and group.rows:
+            check_rows(group.rows, self.temperature, self.served_default_temperature,
+                       f"group {group.group_id} of {group.shard}")
+        fitted, note = fit_group(group, self.g, self.policy) if group.rows else (None, "no episode left")
+        if fitted is None:
+            self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
+            self.stats.rows_skipped += len(group.rows)
+            log.warning("skipping group %s of %s: %s", group.group_id, group.shard, note)
+            return None
+        if note:
+            log.info("group %s of %s: %s", group.group_id, group.shard, note)
+        return fitted
+
+    def _account(self, group, fitted: list[dict]) -> None:
+        n_real = sum(not r["polar_pad"] for r in fitted)
+        self.stats.rows_padded += len(fitted) - n_real
+        self.stats.groups_multi_block += len(fitted) > self.g
+        self.stats.groups += 1
+        self.stats.landing_latency.append(time.time() - group.landed_at)
+        lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
+        if lag is not None:
+            self.stats.policy_lag.append(lag)
 
 
 def placeholder_dataset(n: int) -> Dataset:
@@ -204,11 +296,13 @@ class ShardCursorCallback(TrainerCallback):
         self.source = source
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not ckpt.is_dir():
-                raise FileNotFoundError(f"checkpoint directory {ckpt} missing when saving the shard cursor")
-            self.source.cursor.save(ckpt)
+        # Every rank saves its own cursor (shard_source.py: Ranks); rank 0 made the directory.
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if self.source.rank and not ckpt.is_dir():
+            ckpt.mkdir(parents=True, exist_ok=True)  # a node that does not share rank 0's disk
+        if not ckpt.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {ckpt} missing when saving the shard cursor")
+        self.source.cursor.save(ckpt)
 
 
 class PolarGRPOTrainer(GRPOTrainer):
@@ -220,14 +314,22 @@ class PolarGRPOTrainer(GRPOTrainer):
             if not args.shards:
                 raise ValueError("give a ShardSource or set PolarGRPOConfig.shards")
             source = ShardSource(args.shards, poll_interval=args.shard_poll_interval,
-                                 max_policy_lag=args.max_policy_lag, drop_incomplete=args.drop_incomplete_groups)
+                                 max_policy_lag=args.max_policy_lag, drop_incomplete=args.drop_incomplete_groups,
+                                 rank=args.process_index, world_size=args.world_size)
+        elif (source.rank, source.world_size) != (args.process_index, args.world_size):
+            raise ValueError(f"the ShardSource partitions for rank {source.rank} of {source.world_size}, but this "
+                             f"process is rank {args.process_index} of {args.world_size}: pass rank= and world_size=")
         self.shard_source = source
         served_t = args.served_default_temperature
         if served_t is None:
             served_t = generation_default(model)
+        max_length = args.shard_max_length
+        if max_length is None:
+            max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.shard_rollout = ShardRollout(source, args.num_generations, args.group_size_policy,
                                           args.shard_wait_timeout, args.temperature, served_t,
-                                          is_correction=args.vllm_importance_sampling_correction)
+                                          is_correction=args.vllm_importance_sampling_correction,
+                                          max_length=max_length, mask_truncated=args.mask_truncated_completions)
         self.polar_is_stats: dict[str, float] = {}
         callbacks = [ShardCursorCallback(source), *(callbacks or [])]
         if args.sync_server:
@@ -243,6 +345,10 @@ class PolarGRPOTrainer(GRPOTrainer):
             rollout_func=self.shard_rollout,
             **kwargs,
         )
+        # The rollout masks truncated episodes by their recorded termination (rollout.py); TRL's own rule
+        # (last token not EOS) would mask segments that end in a tool result and miss length stops.
+        self.mask_truncated_completions = False
+        self._polar_rewards_per_func: torch.Tensor | None = None
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         ckpt = resume_from_checkpoint
@@ -251,7 +357,8 @@ class PolarGRPOTrainer(GRPOTrainer):
             if ckpt is None:
                 raise ValueError(f"resume requested but no checkpoint in {self.args.output_dir}")
         if ckpt:
-            self.shard_source.restore(ShardCursor.load(ckpt))
+            src = self.shard_source
+            self.shard_source.restore(ShardCursor.load(ckpt, src.rank, src.world_size))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # -- the one hook ---------------------------------------------------------------------------
@@ -261,10 +368,41 @@ class PolarGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
+        self._episode_advantages(inputs, output)
         if self.args.vllm_importance_sampling_correction:
             self._apply_behaviour_is(output, metrics)
         self._log_shard_metrics(metrics, load0, wait0, time.perf_counter() - t0)
         return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Kept (all ranks' rows, (N, F)) for the per-episode advantages; TRL's value is returned unchanged.
+        self._polar_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._polar_rewards_per_func
+
+    def _episode_advantages(self, inputs: list[dict], output: dict) -> None:
+        """Replace TRL's per-row group advantages by per-episode ones (trainer/advantages.py), over the
+        rows of every rank (TRL gathers the rewards; the ids are gathered here in the same order)."""
+        from accelerate.utils import gather_object
+
+        rpf = self._polar_rewards_per_func
+        if rpf is None:
+            raise RuntimeError("no rewards recorded for this batch")
+        groups = gather_object([x["group_id"] for x in inputs])
+        episodes = gather_object([None if x["polar_pad"] else x["episode_id"] for x in inputs])
+        if len(groups) != rpf.size(0):
+            raise RuntimeError(f"{len(groups)} gathered rows, {rpf.size(0)} rewards: rank batches disagree")
+        adv = episode_advantages(groups, episodes, rpf.tolist(), self.reward_weights.tolist(),
+                                 self.scale_rewards, self.multi_objective_aggregation)
+        start = self.accelerator.process_index * len(inputs)
+        local = torch.tensor(adv[start:start + len(inputs)], dtype=output["advantages"].dtype,
+                             device=output["advantages"].device)
+        output["advantages"] = local
+        # TRL logged its per-row advantages of the whole batch last: log these instead.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(adv), len(logged))):
+            logged.pop()
+        logged.extend(adv)
+        self._polar_rewards_per_func = None
 
     def _apply_behaviour_is(self, output: dict, metrics) -> None:
         behaviour = output.get("sampling_per_token_logps")
@@ -342,8 +480,14 @@ class PolarGRPOTrainer(GRPOTrainer):
         metrics["polar/groups_total"].append(st.groups)
         metrics["polar/rows_padded_total"].append(st.rows_padded)
         metrics["polar/groups_skipped_total"].append(sum(st.skipped.values()))
-        metrics["polar/rows_excluded_sampling_total"].append(sum(st.rows_excluded.values()))
+        metrics["polar/rows_excluded_sampling_total"].append(
+            sum(v for k, v in st.rows_excluded.items() if k != "too_long"))
         metrics["polar/groups_dropped_total"].append(sum(src.dropped.values()))
+        metrics["polar/groups_deferred_total"].append(st.groups_deferred)
+        metrics["polar/groups_multi_block_total"].append(st.groups_multi_block)
+        metrics["polar/rows_skipped_total"].append(st.rows_skipped)
+        metrics["polar/rows_excluded_too_long_total"].append(st.rows_excluded.get("too_long", 0))
+        metrics["polar/rows_masked_truncated_total"].append(st.rows_masked_truncated)
         if st.landing_latency:
             metrics["polar/landing_to_batch_s"].append(sum(st.landing_latency) / len(st.landing_latency))
         if st.policy_lag:
