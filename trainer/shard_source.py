@@ -90,7 +90,8 @@ REQUIRED_COLUMNS = (
     "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
 )
 OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy",
-                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported",
+                    "termination", "realign_tokens", "realign_classes")
 
 
 class ShardFormatError(ValueError):
