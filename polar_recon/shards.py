@@ -85,6 +85,8 @@ class GroupRows:
     episodes: list[tuple[str, float, list[Sequence]]]  # (episode_id, reward, sequences)
     strategy: str
     complete: bool = True
+    # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
+    excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
 
     def table(self) -> pa.Table:
         seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
@@ -129,6 +131,7 @@ class ShardWriter:
             write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id
+        self.excluded: list[tuple[str, int, int, str]] = []
 
     def write(self, group: GroupRows) -> None:
         t = group.table()
@@ -137,6 +140,7 @@ class ShardWriter:
         self.rows += t.num_rows
         for eid, _, _ in group.episodes:
             self.episodes[eid] = group.group_id
+        self.excluded += group.excluded
 
     def commit(self) -> Path:
         self._writer.close()
@@ -176,6 +180,9 @@ class Manifest:
     # episodes seen and deliberately not built (e.g. discarded by the rollout): episode_id ->
     # {"reason": ..., "status": ...}; for `stats`, and so the count survives across builds
     excluded: dict[str, dict] = field(default_factory=dict)
+    # sampled completions of BUILT episodes that train in no row (fidelity.EXCLUDE_REASONS):
+    # episode_id -> [{"call", "choice", "reason"}]; saved with `excluded_counts` {reason: n}
+    excluded_calls: dict[str, list] = field(default_factory=dict)
     _dirty: bool = False
 
     @classmethod
@@ -190,6 +197,7 @@ class Manifest:
                 data = json.loads(path.read_text())
                 m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
                 m.excluded = dict(data.get("excluded") or {})
+                m.excluded_calls = dict(data.get("excluded_calls") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -233,6 +241,8 @@ class Manifest:
     def record(self, writer: ShardWriter) -> None:
         for eid, gid in writer.episodes.items():
             self.episodes[eid] = {"shard": writer.number, "group": gid}
+        for eid, call, choice, reason in writer.excluded:
+            self.excluded_calls.setdefault(eid, []).append({"call": call, "choice": choice, "reason": reason})
         self.next_shard = max(self.next_shard, writer.number + 1)
         self.save()
 
@@ -246,11 +256,24 @@ class Manifest:
         if self._dirty:
             self.save()
 
+    def excluded_counts(self) -> dict[str, int]:
+        """Excluded episodes (by their reason) and excluded calls of built episodes (by theirs)."""
+        out: dict[str, int] = {}
+        for v in self.excluded.values():
+            r = f"episode: {v.get('reason')}" if isinstance(v, dict) else "episode"
+            out[r] = out.get(r, 0) + 1
+        for calls in self.excluded_calls.values():
+            for c in calls:
+                out[c["reason"]] = out.get(c["reason"], 0) + 1
+        return out
+
     def save(self) -> None:
         path = self.out / MANIFEST
         tmp = self.out / temp_name(MANIFEST)
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
-                                   "episodes": self.episodes, "excluded": self.excluded}, sort_keys=True))
+                                   "episodes": self.episodes, "excluded": self.excluded,
+                                   "excluded_calls": self.excluded_calls,
+                                   "excluded_counts": self.excluded_counts()}, sort_keys=True))
         os.replace(tmp, path)
         self._dirty = False
 

@@ -187,6 +187,9 @@ def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None
                 if a is None:  # a row boundary: this call starts its own row from its served prompt
                     too_long = max_len is not None and len(context) + len(call.completion) > max_len
                     node.kind, node.keep_from, node.realigned = FORK, 0, 0
+                    if node.parent is not None:  # detached: segments() from now on yields these rows
+                        nodes[node.parent].children.remove(k)
+                        node.parent = None
                     node.note = "row split at --max-len" if too_long else "context differs from the served prompt"
             if a is None:
                 close(calls, pieces, spans, n_realign)
