@@ -222,6 +222,8 @@ class ShardRollout:
                 break
             self._account(group, fitted)
             rows += fitted
+        if not block:
+            self._partial = rows  # kept until every rank is done (lockstep); the caller clears it
         return rows
 
     def _fill_in_lockstep(self, n: int, trainer) -> list[dict]:
