@@ -197,7 +197,8 @@ class ShardCursor:
                                     f"{world_size} (it has {others}; resume with the world size it was saved with)")
         c = cls.from_json(path.read_text())
         if (c.rank, c.world_size) != (rank, world_size):
-            raise ValueError(f"{path} is the cursor of rank {c.rank} of {c.world_size}, not {rank} of {world_size}")
+            raise ValueError(f"{path} is the cursor of rank {c.rank} of {c.world_size}, not {rank} of {world_size}: "
+                             "resume with the world size the checkpoint was saved with (the partition differs)")
         return c
 
 
