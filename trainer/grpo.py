@@ -6,8 +6,10 @@ Extension points used (TRL 1.16), and nothing else:
   and the recorded ``logprobs``, which TRL pads into ``sampling_per_token_logps``.
 - reward function ``shard_reward``: returns the shard's ``reward`` column, forwarded by TRL from the
   rollout's extra keys.
-- one subclass hook, ``_generate_and_score_completions``: after TRL has built the batch and the
-  group-normalised advantages, apply importance sampling against the recorded behaviour logprobs.
+- one subclass hook, ``_generate_and_score_completions``: after TRL has built the batch, replace its
+  advantages by per-episode ones (below), then apply importance sampling against the recorded
+  behaviour logprobs. ``_calculate_rewards`` is extended only to keep TRL's (all-rank) reward matrix
+  for that (its return value is TRL's, unchanged).
   TRL runs its own correction only with ``use_vllm=True``; here the same modes, names and defaults
   (``vllm_importance_sampling_correction/mode/clip_min/clip_max``, which this config reuses) are
   applied by scaling the advantages per token (B, T) or per sequence (B, 1), a shape TRL's loss
@@ -18,6 +20,49 @@ Extension points used (TRL 1.16), and nothing else:
   ``inputs["importance_sampling_ratio"]``, which TRL's vespo loss reads.
 - ``train(resume_from_checkpoint=...)`` restores the shard cursor; a TrainerCallback writes it into
   every checkpoint directory.
+
+Advantages per episode (trainer/advantages.py has the formulas). TRL normalises over each block of
+``num_generations`` rows (``rewards.view(-1, G)``), so an episode of k segments would count k times in
+its group's mean and std, and a group laid out over several blocks (rollout.py) would be split. The
+hook recomputes them from the rows' ``group_id``/``episode_id`` (gathered from every rank, in TRL's
+gather order, next to TRL's gathered ``rewards_per_func``): one reward per episode (the weighted sum of
+the reward functions, ``reward_weights``, averaged over the episode's rows; ``shard_reward`` gives every
+row the episode's reward), the group's baseline = the mean over its EPISODES, and the scale by
+``scale_rewards`` exactly as TRL defines the modes: ``"group"`` divides by the std (Bessel, TRL's
+``nanstd``) of the group's episode rewards + 1e-4, ``"batch"`` by the std of every episode reward in the
+generation batch (all ranks) + 1e-4, ``"none"`` does not divide; ``multi_objective_aggregation=
+"normalize_then_sum"`` normalises each function over the group's episodes, sums, then normalises over
+the batch's episodes, as TRL does over rows. Every row of an episode gets the episode's advantage;
+padding rows and unscorable episodes 0; a group with one scorable episode 0 (as TRL: std NaN). The
+rank's slice is ``[process_index * len(inputs), ...)``, TRL's own; TRL's logged advantages are
+replaced by these.
+
+Loss normalisation with several rows of one episode. Recon trains each sampled token in exactly one
+row, so the rows of an episode hold disjoint trainable tokens. Token-level losses (``dapo``, TRL's
+default, ``bnpo``, ``cispo``, ``vespo``: sum over trainable tokens / their count; ``dr_grpo``: / (rows x
+max_completion_length); ``luspo``: per-row token sums averaged over rows) weigh every token the same
+wherever it sits, so an episode weighs the same split or not. The per-row-mean losses (``grpo``,
+``sapo``: each row's token mean, averaged over rows) would count an episode of k rows k times: for them
+the hook multiplies each row's advantage by (row's trainable tokens / episode's), which makes the k rows
+sum to what one row holding all the episode's tokens gives (the loss is positively homogeneous in the
+advantage; the KL term, if ``beta`` > 0, is not reweighted). Padding rows (env_mask 0) add no token;
+for ``grpo``/``sapo``/``luspo``/``dr_grpo`` they still count in the row count that divides the loss
+(a constant scale per batch).
+
+Truncation. ``mask_truncated_completions`` is applied by the rollout from the shard's ``termination``
+(rollout.py): rows of episodes that ended by ``length``/``timeout`` get env_mask 0 whatever their last
+token, rows without a recorded termination keep TRL's last-token rule, and TRL's own rule is turned
+off. Rows longer than ``shard_max_length`` (default: the model's ``max_position_embeddings``) are
+excluded with their episode and counted (``too_long``): TRL 1.16 truncates nothing on the
+``rollout_func`` path (no ``max_prompt_length``; ``max_completion_length`` bounds only TRL's own
+generation), so excluding is the only way such a row does not run past the model's positions; a
+refusal in the config cannot work since lengths are known only when the shards are read.
+
+Ranks. Each rank's ShardSource takes only its partition of the groups (shard_source.py: Ranks) and
+saves its own cursor into each checkpoint. The ranks fill their batches in lockstep (ShardRollout:
+every poll interval they exchange "done" and "ran past shard_wait_timeout"); when one rank's partition
+runs dry past the timeout, EVERY rank raises NoShardsError in the same call, so none is left blocked in
+a collective; with no timeout all ranks wait together for the data.
 
 pi_old for the ratio: the hook ``_old_policy_logps(output, transforms)`` (override it to change how
 the old policy's log-probs are formed). The behaviour logprobs are the server's, of the distribution
@@ -74,6 +119,7 @@ from trainer.shard_source import NoShardsError, ShardCursor, ShardSource
 log = logging.getLogger(__name__)
 
 PLACEHOLDER_PROMPT = "<polar: the rollout comes from a shard>"
+PER_ROW_MEAN_LOSSES = ("grpo", "sapo")  # TRL losses that average each row's token mean over rows
 
 
 @dataclass
@@ -398,6 +444,8 @@ class PolarGRPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * len(inputs)
         local = torch.tensor(adv[start:start + len(inputs)], dtype=output["advantages"].dtype,
                              device=output["advantages"].device)
+        if self.loss_type in PER_ROW_MEAN_LOSSES:
+            local = local * self._episode_row_weights(inputs, output).to(local)
         output["advantages"] = local
         # TRL logged its per-row advantages of the whole batch last: log these instead.
         logged = self._logs["advantages"]
@@ -405,6 +453,21 @@ class PolarGRPOTrainer(GRPOTrainer):
             logged.pop()
         logged.extend(adv)
         self._polar_rewards_per_func = None
+
+    @staticmethod
+    def _episode_row_weights(inputs: list[dict], output: dict) -> torch.Tensor:
+        """Per row: its trainable tokens / its episode's (this rank holds every row of its groups). With a
+        per-row-mean loss (grpo, sapo) this makes an episode of k rows weigh what one row holding all its
+        tokens would (module doc: Loss normalisation). Padding rows and rows with no trainable token: 1
+        (their advantage is 0 or they add nothing)."""
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        n = mask.sum(1).float().cpu()
+        keys = [None if x["polar_pad"] else (x["group_id"], x["episode_id"]) for x in inputs]
+        total: dict = {}
+        for k, c in zip(keys, n.tolist()):
+            if k is not None:
+                total[k] = total.get(k, 0.0) + c
+        return torch.tensor([c / total[k] if k is not None and total[k] > 0 else 1.0 for k, c in zip(keys, n.tolist())])
 
     def _apply_behaviour_is(self, output: dict, metrics) -> None:
         behaviour = output.get("sampling_per_token_logps")

@@ -121,3 +121,18 @@ def test_rows_past_the_length_limit_are_excluded_and_counted(tmp_path, tiny_dir)
     assert t.shard_rollout.max_length == 20
     t2 = trainer(tiny_dir, config(tmp_path / "d", shards=str(tmp_path / "shards")))
     assert t2.shard_rollout.max_length == t2.model.config.max_position_embeddings
+
+
+def test_per_row_mean_loss_weighs_an_episode_once(tmp_path, tiny_dir):
+    # loss_type grpo averages each row's token mean over rows: the 3 segments of A-win (3, 3 and 6 trainable
+    # tokens) get 1/4, 1/4, 1/2 of the episode's advantage, so together they weigh one row of 12 tokens.
+    rows = [row(seq(s, n=6 if s == 2 else 3), "A-win", "A", 1.0, segment=s) for s in range(3)]
+    rows += [row(seq(10 + e), f"A-l{e}", "A", 0.0) for e in range(3)]
+    write_shard(tmp_path / "shards", 1, rows)
+    t = trainer(tiny_dir, config(tmp_path, per_device_train_batch_size=8, num_generations=4, learning_rate=0.0,
+                                 vllm_importance_sampling_correction=False, loss_type="grpo"))
+    t.train()
+    adv = adv_of(t.gens[0])
+    std = math.sqrt(((3 / 4) ** 2 + 3 * (1 / 4) ** 2) / 3)
+    a_win, a_lose = (3 / 4) / (std + EPS), (-1 / 4) / (std + EPS)
+    assert adv[:6].tolist() == pytest.approx([a_win / 4, a_win / 4, a_win / 2] + [a_lose] * 3, rel=1e-5)
