@@ -69,6 +69,8 @@ def parse(text: str) -> Turn | None:
         if k < 0:
             return Turn(body[len("<think>"):], "", [], [], closed)
         think, body = body[len("<think>"):k], body[k + len("</think>"):]
+        if body.startswith("\n\n"):  # the block's own separator (the template writes '\n</think>\n\n')
+            body = body[2:]
     k = body.find("<tool_call>")
     content, rest = (body, "") if k < 0 else (body[:k], body[k:])
     calls: list[tuple[str, object]] = []
