@@ -282,11 +282,21 @@ class ShardRollout:
 
         t0 = time.monotonic()
         while True:
-            rows = self._fill(n, trainer, block=False)
+            error = None
+            try:
+                rows = self._fill(n, trainer, block=False)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+                error, rows = e, []
             timed_out = self.wait_timeout is not None and time.monotonic() - t0 >= self.wait_timeout
-            mine = torch.tensor([[len(rows) >= n, timed_out and len(rows) < n]], dtype=torch.long,
-                                device=trainer.accelerator.device)
-            flags = trainer.accelerator.gather(mine).view(-1, 2).cpu()
+            mine = torch.tensor([[len(rows) >= n, timed_out and len(rows) < n, error is not None]],
+                                dtype=torch.long, device=trainer.accelerator.device)
+            flags = trainer.accelerator.gather(mine).view(-1, 3).cpu()
+            if bool(flags[:, 2].any()):  # a rank failed (bad shard, refused sampling, ...): all stop
+                if error is not None:
+                    raise error
+                bad = [r for r in range(flags.size(0)) if flags[r, 2]]
+                raise RuntimeError(f"rank(s) {bad} failed while reading their shard groups (their log says why); "
+                                   "every rank stops here")
             if bool(flags[:, 0].all()):
                 self._partial = None
                 self.source.stats.wait_seconds += time.monotonic() - t0
