@@ -222,7 +222,8 @@ def _sampled(msg: dict, thinking: bool) -> str:
     s += content
     for k, c in enumerate(msg.get("tool_calls") or []):
         args = json.dumps(json.loads(c["function"]["arguments"]))
-        s += ("\n" if (k or content) else "") + f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {args}}}\n</tool_call>'
+        name = c["function"]["name"]
+        s += ("\n" if (k or content) else "") + f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
     return s + "<|im_end|>"
 
 
