@@ -56,8 +56,10 @@ SHARD_SCHEMA = pa.schema([
     # of those classes (link.REALIGN_CLASSES). 0 / [] = every call saw exactly its row prefix.
     pa.field("realign_tokens", pa.int32()),
     pa.field("realign_classes", pa.list_(pa.string())),
-    # How the row's last trainable completion ended: stop | length | timeout | error (TERMINATIONS),
-    # for the trainer's mask_truncated_completions. null = unknown (an older build).
+    # How the row ended: stop | length | timeout | error (TERMINATIONS), for the trainer's
+    # mask_truncated_completions: the row's own last completion when it was cut (length) or failed,
+    # else the episode's end (timeout from the end metadata, else its last call's finish), so every
+    # row of a truncated episode says so (strategies.termination). null = unknown (an older build).
     pa.field("termination", pa.string()),
 ])
 

@@ -92,21 +92,25 @@ def oldest_version(versions: list[str | None]) -> str | None:
         return versions[0]
 
 
-def termination(ep: Episode, calls: list[Call]) -> str:
-    """How a row's last trainable completion ended (shards.TERMINATIONS): ``length`` when the
-    server cut it at max_tokens, ``error`` when the call failed, ``timeout`` when it is the
-    episode's last call and the rollout ended the episode on a timeout (harness_recipes records
-    end metadata ``status: "timeout"``), else ``stop``."""
-    last = calls[-1]
-    if last.info.get("error"):
+def _own_termination(call: Call) -> str:
+    if call.info.get("error"):
         return "error"
-    if last.info.get("finish_reason") == "length":
-        return "length"
+    return "length" if call.info.get("finish_reason") == "length" else "stop"
+
+
+def termination(ep: Episode, calls: list[Call]) -> str:
+    """How a row ended (shards.TERMINATIONS), for the trainer's mask_truncated_completions, which
+    masks every row of an episode that ended by length/timeout: the row's own last call when that
+    one did not stop normally (``length``: cut at max_tokens; ``error``), else the EPISODE's end:
+    ``timeout`` when the rollout ended it on a timeout (harness_recipes records end metadata
+    ``status: "timeout"``), else how the episode's last sampled call ended."""
+    own = _own_termination(calls[-1])
+    if own != "stop":
+        return own
     if ep.metadata.get("status") == "timeout" or ep.metadata.get("timeout") is True:
-        final = max((c.call_index for c in ep.calls if c.usable), default=None)
-        if last.call_index == final:
-            return "timeout"
-    return "stop"
+        return "timeout"
+    usable = [c for c in ep.calls if c.usable]
+    return _own_termination(max(usable, key=lambda c: c.call_index)) if usable else own
 
 
 def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_realign: int) -> Sequence:

@@ -175,6 +175,20 @@ def test_termination(tmp_path):
     assert [s.termination for s in built(tmp_path / "b.arrow")[2]] == ["timeout"]
     assert [s.termination for s in built(tmp_path / "c.arrow")[2]] == ["stop"]
 
+    def two_rows(c):  # compaction: two rows; the episode timed out: both say so
+        c.call(L.Sample("", "", [L.write_tool()]), results=["ok"])
+        c.compact("wrote it")
+        c.call(L.Sample("", "Done.", []))
+    L.episode(tmp_path, "d", two_rows, harness="strict", thinking=False, metadata={"status": "timeout"})
+    assert [s.termination for s in built(tmp_path / "d.arrow")[2]] == ["timeout", "timeout"]
+
+    def cut_last(c):  # the last call cut at max_tokens: the earlier row is part of a truncated episode
+        c.call(L.Sample("", "", [L.write_tool()]), results=["ok"])
+        c.compact("wrote it")
+        _choices(c, [L.Sample("", "Done and", [])], finish_reason="length", results=())
+    L.episode(tmp_path, "f", cut_last, harness="strict", thinking=False)
+    assert [s.termination for s in built(tmp_path / "f.arrow")[2]] == ["length", "length"]
+
 
 def test_check_row_catches_a_wrong_context(tmp_path):
     L.episode(tmp_path, "e", L.two_tool_turns, harness="strict", thinking=False)
