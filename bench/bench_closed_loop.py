@@ -4,8 +4,8 @@
     .venv/bin/python bench/bench_closed_loop.py [--seeds 0 1 2] [--arms real shuffled_rewards ...] [--steps 4]
         [--json OUT.json]
 
-Seed s: sampling/trainer seed s and, for s > 0, the tiny Qwen3 re-initialised with torch seed s (seed 0 is
-the cached checkpoint). Every arm of a seed sees the same target, the same calibration, the same sampling
+Seed s: sampling/trainer seed s and the tiny Qwen3 built with seed s (cache.tiny_model(s): seed 0 is the
+default checkpoint). Every arm of a seed sees the same target, the same calibration, the same sampling
 seeds and the same held-out episodes; only the arm's one transformation differs. Reported per run: the
 training reward per iteration, training gain (mean of the last two iterations minus the first), held-out
 reward before and after training, the IS ratio's clipped fraction, seconds. Margins of
@@ -44,7 +44,7 @@ def main(argv=None) -> list[dict]:
             first = None  # the seed's first arm calibrates and evaluates before training; the others reuse it
             for arm in a.arms:
                 r = run_closed_loop(LoopConfig(Path(tmp) / f"s{seed}-{arm}", steps=a.steps, groups=a.groups,
-                                               seed=seed, init_seed=seed or None, arm=arm,
+                                               seed=seed, init_seed=seed, arm=arm,
                                                eval_samples=a.eval_samples, target=first and first.target,
                                                eval_before=first is None))
                 if first is None:

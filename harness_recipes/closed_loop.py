@@ -39,8 +39,9 @@ episodes, too rare to learn in a few steps.) The target is calibrated on the sam
 episodes against polar-serve directly). ``--target`` skips calibration (the bench and test calibrate
 once per seed and give every arm the same target).
 
-Initialisations (``--init-seed S``): the tiny Qwen3's architecture re-initialised with torch seed S
-(``init_model``), saved under WORKDIR/init-S and served/trained from there; None: the cached checkpoint.
+Initialisations (``--init-seed S``): the tiny random Qwen3 built with seed S (``cache.tiny_model(S)``,
+polar_serve/tiny.py's initialisation, cached once per seed); None: the model directory given (default
+the seed-0 tiny Qwen3).
 
 Held-out evaluation: training samples the ``train_prompts``; after the trainer's last step (its weight
 sync lands as version ``steps``), ``eval_samples`` episodes of the ``eval_prompts`` (never trained on)
@@ -52,8 +53,10 @@ Ablation arms (``--arm``), each ONE transformation applied at ONE point: ``ArmRo
 the trainer's rollout_func (trainer.grpo.ShardRollout) and rewrites the TRL rows it returns (the shard
 rows as the trainer reads them), or the trainer config (lr0). On the same seeds these must NOT improve:
 - ``real``: untouched.
-- ``shuffled_rewards``: the rewards permuted across the batch's episodes (every segment of an episode
-  keeps one reward; padding rows keep None): the reward no longer belongs to the tokens.
+- ``shuffled_rewards``: the rewards permuted across the batch's episodes by a random derangement (no
+  episode keeps its own; every segment of an episode keeps one reward; padding rows keep None): the
+  reward never belongs to its tokens. (A plain shuffle leaves a batch's one success in place with
+  probability 1/n; early batches hold one or two successes, so such an arm learned like the real one.)
 - ``zero_mask``: env_mask all 0: no token is trained.
 - ``scrambled_ids``: the trainable completion ids permuted across the batch's trainable positions;
   env_mask and the behaviour logprobs stay where they were (a recon bug that mixes up ids).
@@ -70,7 +73,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import threading
 import time
 import urllib.request
@@ -106,7 +108,7 @@ class LoopConfig:
     timeout: float = 120.0
     arm: str = "real"  # see ARMS
     turns: int = 2  # assistant turns per episode; the reward needs the target in every one
-    init_seed: int | None = None  # re-initialise the model with this torch seed (None: the cached checkpoint)
+    init_seed: int | None = None  # serve/train cache.tiny_model(init_seed) (None: model_dir)
     train_prompts: tuple[str, ...] = ("Name one thing.", "Say a word.", "Pick something.")
     eval_prompts: tuple[str, ...] = ("Give me one example.", "Tell me an item.")
     followup: str = "Say it again."
@@ -258,26 +260,17 @@ def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, resu
         errors.append(e)
 
 
-# -- initialisations and ablation arms --------------------------------------------------------------
-def init_model(model_dir: Path, seed: int, dest: Path) -> Path:
-    """model_dir's architecture, tokenizer and generation_config with weights re-initialised (torch seed)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if (dest / ".complete").exists():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype=torch.float32)
-    model.save_pretrained(str(dest))
-    for f in Path(model_dir).iterdir():  # tokenizer, generation_config (Qwen3's sampling defaults)
-        if f.is_file() and not f.name.startswith(("model", "config.json", ".")):
-            shutil.copy2(f, dest / f.name)
-    (dest / ".complete").write_text(str(seed))
-    return dest
-
-
+# -- ablation arms --------------------------------------------------------------
 ARMS = ("real", "shuffled_rewards", "zero_mask", "scrambled_ids", "lr0", "shifted_mask")
+
+
+def derangement(n: int, rng: random.Random) -> list[int]:
+    """A random permutation with no fixed point (Sattolo's algorithm: one cycle through all n)."""
+    p = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = rng.randrange(i)
+        p[i], p[j] = p[j], p[i]
+    return p
 
 
 def shift_right(xs: list, fill):
@@ -292,9 +285,7 @@ def apply_arm(arm: str, cols: dict[str, list], rng: random.Random) -> dict[str, 
     if arm == "shuffled_rewards":
         eps = sorted({e for e, r in zip(cols["episode_id"], cols["reward"]) if e is not None and r is not None})
         by_ep = {e: r for e, r in zip(cols["episode_id"], cols["reward"]) if e is not None}
-        perm = [by_ep[e] for e in eps]
-        rng.shuffle(perm)
-        new = dict(zip(eps, perm))
+        new = {e: by_ep[eps[k]] for e, k in zip(eps, derangement(len(eps), rng))}
         cols["reward"] = [new.get(e, r) if e is not None else r for e, r in zip(cols["episode_id"], cols["reward"])]
     elif arm == "zero_mask":
         cols["env_mask"] = [[0] * len(m) for m in cols["env_mask"]]
@@ -344,7 +335,7 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     if cfg.model_dir is None:
         cfg.model_dir = tiny_model()
     if cfg.init_seed is not None:
-        cfg.model_dir = init_model(Path(cfg.model_dir), cfg.init_seed, work / f"init-{cfg.init_seed}")
+        cfg.model_dir = tiny_model(cfg.init_seed)
     tok = AutoTokenizer.from_pretrained(str(cfg.model_dir))
     # The trainer's logprob temperature is the one the server sampled at (checked on every group).
     temperature = cfg.temperature if cfg.temperature is not None else generation_default(Path(cfg.model_dir))
@@ -415,7 +406,7 @@ def main(argv=None):
     ap.add_argument("--no-is-correction", action="store_true", help="train without the IS correction")
     ap.add_argument("--arm", choices=ARMS, default="real", help="the ablation arm (see above)")
     ap.add_argument("--turns", type=int, default=2, help="assistant turns per episode (reward needs all)")
-    ap.add_argument("--init-seed", type=int, default=None, help="re-initialise the model with this torch seed")
+    ap.add_argument("--init-seed", type=int, default=None, help="the tiny Qwen3 built with this seed")
     ap.add_argument("--eval-samples", type=int, default=16, help="held-out episodes before/after (0: none)")
     ap.add_argument("--target", default=None, help="the target word (default: calibrated)")
     a = ap.parse_args(argv)
