@@ -95,8 +95,16 @@ def _decoder(tokenizer_dir: str):
 
 
 def _first(seq: np.ndarray, token: int, start: int) -> int | None:
-    hit = np.flatnonzero(seq[start:] == token)
-    return start + int(hit[0]) if len(hit) else None
+    # in growing windows: the turn end is near, and scanning to the end of a 32k-token sequence
+    # for every re-rendered turn made a row's checks quadratic
+    n, step = len(seq), 512
+    while start < n:
+        hit = np.flatnonzero(seq[start:start + step] == token)
+        if len(hit):
+            return start + int(hit[0])
+        start += step
+        step *= 4
+    return None
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,13 @@ class Alignment:
 def turn_classes(old: np.ndarray, new: np.ndarray, m: TurnMarkers) -> frozenset[str] | None:
     """The re-render classes between a sampled turn `old` and its served form `new` (both from
     their `<|im_start|>`), or None when the served one is not a known re-render of it."""
+    # the same pair recurs: every later call of a row re-checks the row's earlier re-rendered turns
+    return _turn_classes(m, old.astype(np.int32, copy=False).tobytes(), new.astype(np.int32, copy=False).tobytes())
+
+
+@functools.lru_cache(maxsize=4096)
+def _turn_classes(m: TurnMarkers, old_b: bytes, new_b: bytes) -> frozenset[str] | None:
+    old, new = np.frombuffer(old_b, np.int32), np.frombuffer(new_b, np.int32)
     h = 1 + len(m.assistant)
     a, b = m.decode(old[h:]), m.decode(new[h:])
     found = classify(a, b)
