@@ -215,6 +215,7 @@ class Node:
     children: list[int] = field(default_factory=list)
     segment: int | None = None
     note: str = ""
+    spans: tuple = ()  # the link's re-rendered spans (Alignment.spans), in the parent's coordinates
 
 
 def _seq(call: Call) -> np.ndarray:
@@ -257,6 +258,7 @@ def link_calls(calls: list[Call], m: TurnMarkers, *, exclude_retries: bool = Fal
         if best is not None:
             _, idx, a = best
             node.parent, node.keep_from, node.realigned, node.prefix = idx, a.keep_from, a.realigned, a.prefix
+            node.spans = a.spans
             node.kind = REALIGN if a.realigned else CLEAN
             nodes[idx].children.append(len(nodes))
         cands.append((len(nodes), _seq(call)))

@@ -23,7 +23,7 @@ import numpy as np
 from .chat_render import RequestError, render_rules, render_text
 from .episodes import Call, Episode
 from .fidelity import context_alignment, reason_of, span_tokens
-from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Node, TurnMarkers, link_calls, segments
+from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Alignment, Node, TurnMarkers, link_calls, segments
 from .sampling import combine
 from .weight_versions import is_marker
 
@@ -187,7 +187,7 @@ def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None
             if calls and node.kind in (CLEAN, REALIGN):
                 context = np.concatenate([row, call.prompt[node.keep_from:]])
                 if max_len is None or len(context) + len(call.completion) <= max_len:
-                    a = context_alignment(context, call.prompt, m)
+                    a = _extends(node, calls[-1], row, context, call, m)
                 if a is None:  # a row boundary: this call starts its own row from its served prompt
                     too_long = max_len is not None and len(context) + len(call.completion) > max_len
                     node.kind, node.keep_from, node.realigned = FORK, 0, 0
@@ -213,6 +213,20 @@ def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None
             length = len(row)
         close(calls, pieces, spans, n_realign)
     return out
+
+
+def _extends(node: Node, prev: Call, row: np.ndarray, context: np.ndarray, call: Call, m: TurnMarkers):
+    """The alignment of `context` (the row so far + this call's new prompt tokens) with the call's
+    served prompt, or None. Fast path: when the previous call's served prompt is an exact prefix of
+    this one (node.prefix), the row up to the previous completion was already verified against it,
+    and the link's own alignment (previous completion + new tokens vs the rest of the prompt) is
+    the rest of the proof: its spans move into row coordinates. Otherwise the whole row is aligned."""
+    start_prev = len(row) - len(prev.completion)
+    if node.prefix >= len(prev.prompt) and start_prev >= 0:
+        off = start_prev - len(prev.prompt)
+        spans = tuple((p0 + off, p1 + off, i0, i1, c) for p0, p1, i0, i1, c in node.spans)
+        return Alignment(len(call.prompt), node.prefix + off, node.realigned, 0, 0, spans)
+    return context_alignment(context, call.prompt, m)
 
 
 def per_call_sequences(ep: Episode, *, max_len: int | None = None,
