@@ -221,7 +221,9 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
             report.errors.append((str(head.path), f"episode {head.episode_id}: {exc}"))
             continue
         if not seqs:
-            report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call (all failed or auxiliary)"))
+            report.excluded_calls += excluded
+            why = ", ".join(sorted({r for *_, r in excluded})) or "no calls"
+            report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call ({why})"))
             continue
         rows.episodes.append((head.episode_id, reward, seqs))
         rows.excluded += excluded

@@ -259,3 +259,25 @@ def test_recorded_harness_turns_are_known_rerenders(harness):
         assert got is not None and got <= set(CLASSES), (old, new)
         if msg.get("content"):  # the same turn with its content edited is no re-render
             assert classify(old.replace(msg["content"], msg["content"] + " Also."), new) is None
+
+
+def test_cli_max_len_model_and_stats(tmp_path):
+    from click.testing import CliRunner
+
+    from polar_recon.cli import main
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    L.episode(logs, "e", L.two_tool_turns, harness="qwen-code", thinking=True)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 50}))
+    r = CliRunner().invoke(main, ["build", str(logs), str(tmp_path / "out"), "--model", str(model), "--check"])
+    assert r.exit_code == 1 and "no usable call (longer than max_len)" in r.output, r.output  # all refused
+    assert "sampled completions not trained (3; longer than max_len: 3)" in r.output
+    r = CliRunner().invoke(main, ["build", str(logs), str(tmp_path / "out2"), "--check"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["stats", str(tmp_path / "out2"), "--json"])
+    s = json.loads(r.output.strip().splitlines()[-1])
+    assert s["context_divergent_tokens"] > 0 and "thinking-dropped" in s["realign_classes"]
+    assert s["terminations"] == {"stop": 1} and s["excluded_counts"] == {}
