@@ -3,10 +3,12 @@
 1. Shards built by polar-recon from real proxy logs: the trainer's input ids, masks and old (behaviour)
    logprobs are, tensor by tensor, the shard's and the proxy log's; sampled at temperature 1 without
    truncation the trainer's own logprobs equal the server's, so the importance ratio is 1.
-2. The closed loop (harness_recipes/closed_loop.py), with Qwen3's truncated sampling (the server's
+2. The closed loop (harness_recipes/closed_loop.py; one call per episode here), with Qwen3's truncated sampling (the server's
    generation_config: T=0.6, top_k=20, top_p=0.95, recorded on every row by the proxy) and the
    importance-sampling correction ON (TRL's sequence_mask): every step's ratio is 1 (on-policy, the
    truncation-aware pi_old), nothing masked, and the mean reward rises clearly above its start.
+3. The ablation arms (two-turn episodes, reward decided by the second turn, held-out evaluation against
+   the server): the real arm beats every ablation; each arm's transformation is checked on its own first.
 """
 from __future__ import annotations
 
@@ -198,7 +200,15 @@ def test_closed_loop_real_arm_beats_every_ablation(tmp_path, seed):
     held-out reward and on training gain by the margins above, and no ablation may improve on held-out.
 
     Measured (this test's config: 3 steps x 2 groups x 4 episodes, 12 held-out episodes):
-    MEASURED
+    real             train [0.12, 0.62, 0.62] (gain +0.50), held-out 0.08 -> 0.83
+    shuffled_rewards train [0.12, 0.0, 0.0]   (gain -0.12), held-out 0.08 -> 0.00
+    zero_mask        train [0.12, 0.0, 0.12]  (gain -0.06), held-out 0.08 -> 0.08
+    scrambled_ids    train [0.12, 0.0, 0.0]   (gain -0.12), held-out 0.08 -> 0.00
+    lr0              train [0.12, 0.0, 0.12]  (gain -0.06), held-out 0.08 -> 0.08
+    shifted_mask     train [0.12, 0.0, 0.0]   (gain -0.12), held-out 0.08 -> 0.00
+    Gaps (real - best ablation): held-out +0.75, train gain +0.56; margins 0.25/0.25. The bench's 2 seeds x
+    4 steps (docs/benchmarks/trainer.md): held-out gap +0.69 on both, train-gain gap +0.79 / +0.38.
+    About 45 s per ablation arm and ~2 min for the real arm (calibration, two evaluations) on 2 idle cores.
     """
     runs: dict = {}
     for arm in ARMS:  # "real" first: it calibrates the target and evaluates version 0 for every arm
