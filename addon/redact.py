@@ -16,6 +16,31 @@ SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key",
 SECRET_KEYS = frozenset({"api_key", "api-key", "apikey", "x-api-key", "authorization", "access_token"})
 
 
+_QUERY_SECRET = re.compile(r"(?:^|[?&;])([^=&;]*)=([^&;#]*)")
+
+
+def credential_values(fields, path: str = "") -> list[str]:
+    """The credentials a request carries outside its body: secret headers' values (and the token
+    after an ``Authorization`` scheme such as ``Bearer``), and the values of query parameters
+    with a secret key's name. An upstream error may quote any of them back."""
+    from urllib.parse import unquote_plus
+
+    out: list[str] = []
+    for name, value in fields:
+        n = name.decode("latin-1").lower() if isinstance(name, bytes) else str(name).lower()
+        if n in SECRET_HEADERS:
+            v = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            out.append(v)
+            scheme, _, token = v.partition(" ")
+            if token.strip():
+                out.append(token.strip())
+    if "?" in path:
+        for m in _QUERY_SECRET.finditer(path.partition("?")[2].partition("#")[0]):
+            if unquote_plus(m.group(1)).lower() in SECRET_KEYS and m.group(2):
+                out.extend({m.group(2), unquote_plus(m.group(2))})
+    return out
+
+
 def redact_headers(headers: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}
 
