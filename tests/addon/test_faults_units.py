@@ -132,3 +132,22 @@ def test_writer_suspends_reopens_and_marks_a_deleted_file(tmp_path):
     kinds = [r[0]["kind"] for r in t]
     assert kinds == ["incomplete", "call", "incomplete", "end"]
     assert '"discard": true' in t[-1][0]["metadata"] and "deleted" in t[0][0]["error"]
+
+
+@pytest.mark.parametrize("path,failed,completed", [("/v1/responses", b"response.failed", b"response.completed"),
+                                                   ("/v1/messages", b"event: error", b"message_stop")])
+def test_translated_stream_not_recorded_ends_in_the_apis_failure(path, failed, completed):
+    from addon.translate import translator_for
+
+    t0 = translator_for("POST", path)
+    c = calls.CapturedCall("e", 0, t0.api, "vllm", 0.0, b"")
+    c.translator = t0
+    body = (b'{"model":"m","input":"hi","stream":true}' if "responses" in path else
+            b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"stream":true}')
+    calls.prepare(c, body, {})
+    t = calls.start_response(c, 200, "text/event-stream")
+    t.on_final = lambda: "disk full"
+    t(b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop","token_ids":[1]}],'
+      b'"prompt_token_ids":[1]}\n\n')
+    out = b"".join(t(b"data: [DONE]\n\n"))
+    assert failed in out and b"disk full" in out and completed not in out

@@ -431,5 +431,8 @@ def test_sigterm_writes_interrupted_row_before_end_record(tmp_path):
     kinds = [r["kind"] for r in rows_of(log_of(logdir, e))]
     assert kinds == ["call", "end"], kinds
     assert "shut down" in read_log(log_of(logdir, e))["error"][0]
-    # (mitmproxy itself may print asyncio's CancelledError for the cut connection: not the addon's)
-    assert "could not log" not in out and "/addon/" not in out and "EpisodeFinished" not in out, out
+    # No traceback of the addon's. CPython 3.11's asyncio prints one CancelledError traceback per
+    # connection cut at exit (streams.py's client_connected_cb callback calls task.exception() on
+    # a cancelled task; fixed in 3.12): bare mitmdump prints it too, so it is the only one allowed.
+    assert out.count("Traceback") == out.count('asyncio/streams.py", line 249, in callback'), out
+    assert "could not log" not in out and "polar:" not in out, out
