@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from . import chat, completions
+from . import sampling as sampling_rules
 from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like, dumps_like_python, json_style
 from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
@@ -129,6 +130,8 @@ class CapturedCall:
     auxiliary: bool = False
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
+    weight_ticket: Any = None  # weight_gate.Ticket: the version the proxy's sync history gives the call
+    weight_hold: Any = None  # weight_hold.UpstreamWeights that issued the ticket (finished with the row)
     pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
     secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
     prepared_request: Any = None  # logwriter.PreparedRequest, computed while the server works
@@ -142,12 +145,26 @@ class CapturedCall:
     # error quotes back (error text and non-2xx answers only: a 200 answer never carries them)
     header_secrets: list[str] = field(default_factory=list)
     written: bool = False  # the rows are on disk (a stream's are written at its final event)
+    # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
+    sampling_defaults: Any = None
+    # the row's sampling columns (sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(sampling_rules.UNKNOWN_COLUMNS))
+    sampling_unknown: tuple[str, ...] = ()  # fields recorded null: unset, and no known default
+    logprobs_mode: str | None = None
 
     def drop_trash(self) -> None:
         self.trash = []
 
 
-_HEAD_KEYS = frozenset((*REQUEST_KEYS, "model"))
+_HEAD_KEYS = frozenset((*REQUEST_KEYS, "model", *sampling_rules.REQUEST_KEYS))
+
+
+def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Record the sampling the server will apply to ``body`` on the call; returns the unset fields
+    to write into the forwarded request (sampling.py: so the recorded value is the applied one)."""
+    r = sampling_rules.resolve(dict(body), call.sampling_defaults)
+    call.sampling, call.sampling_unknown = r.columns, r.unknown
+    return r.fill
 
 
 def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
@@ -164,9 +181,10 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.plan = plan_request(call.api, call.dialect, fields)
         call.stream = call.plan.stream
         check_choices(call)
-        if any(k in fields for k in call.plan.added):  # the harness set one (to false): re-serialize
-            return add_fields(raw, loads_request(raw), call.plan.added)
-        return splice_fields(raw, size > 0, call.plan.added)
+        added = {**call.plan.added, **resolve_sampling(call, fields)}
+        if any(k in fields for k in added):  # the harness set one (to false, null): re-serialize
+            return add_fields(raw, loads_request(raw), added)
+        return splice_fields(raw, size > 0, added)
     try:
         body = loads_request(raw) if raw else None
     except ValueError as exc:  # (orjson.JSONDecodeError and json's are ValueErrors)
@@ -190,11 +208,11 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.plan = plan_request("chat", call.dialect, chat_body)
         call.stream = call.plan.stream
         check_choices(call)
-        return dumps_like_python({**chat_body, **call.plan.added})
+        return dumps_like_python({**chat_body, **call.plan.added, **resolve_sampling(call, chat_body)})
     call.plan = plan_request(call.api, call.dialect, body)
     call.stream = call.plan.stream
     check_choices(call)
-    return add_fields(raw, body, call.plan.added)
+    return add_fields(raw, body, {**call.plan.added, **resolve_sampling(call, body)})
 
 
 def check_choices(call: CapturedCall) -> None:
@@ -333,12 +351,13 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,
         prepared_request=call.prepared_request,
         response=call.response_text, auxiliary=call.auxiliary,
+        **call.sampling, logprobs_mode=call.logprobs_mode,
     )
     if call.cap is None:
         if not errors:
             errors.append("no token ids: the response was not captured")
         return [dict(base, choice=0, prompt_ids=None, completion_ids=None, completion_logprobs=None,
-                     weight_version=call.header_weight_version, error="; ".join(errors), notes=notes or None)]
+                     weight_version=weight_version(call, notes), error="; ".join(errors), notes=notes or None)]
     version = weight_version(call, notes)
     out = []
     if call.plan is not None and call.plan.not_captured:
@@ -356,11 +375,24 @@ WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 
 def weight_version(call: CapturedCall, notes: list[str]) -> str | None:
-    """The policy version that generated this call. SGLang's ``meta_info.weight_version`` is per
-    request, so it wins; polar-serve's header is the fallback (vLLM has no per-request version).
-    A disagreement (a reload between generation and headers) is noted, never silently merged."""
+    """The policy version that generated this call. A call in flight while the proxy had the server
+    load new weights carries the spanning marker (polar_recon.weight_versions), whatever the server
+    says. Otherwise the server's own word wins: SGLang's ``meta_info.weight_version`` (per request),
+    then polar-serve's header; else the version the proxy's sync history gives (weight_gate.Ticket:
+    learned from the server at first contact, then each sync through the proxy; vLLM's chat answers
+    carry none). A disagreement is noted, never silently merged."""
+    ticket = call.weight_ticket
+    if ticket is not None and ticket.spanned:
+        notes.append(f"weight_version: the call was in flight while the proxy had the server load version "
+                     f"{ticket.span_to!r} (it started under {ticket.start_version!r})")
+        return ticket.version
     meta = call.cap.weight_version if call.cap is not None else None
     head = call.header_weight_version
     if meta is not None and head is not None and meta != head:
         notes.append(f"weight_version: meta_info says {meta!r}, header {WEIGHT_VERSION_HEADER} says {head!r}")
-    return meta if meta is not None else head
+    server = meta if meta is not None else head
+    proxy = ticket.start_version if ticket is not None else None
+    if server is not None and proxy is not None and server != proxy:
+        notes.append(f"weight_version: the server says {server!r}, the proxy's sync history says {proxy!r} "
+                     f"(weights loaded without the proxy?)")
+    return server if server is not None else proxy

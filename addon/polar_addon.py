@@ -29,10 +29,14 @@ from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
 from addon.episodes import MAX_OPEN, EpisodeFinished, Episodes
 from addon.idlists import PromptCache
+from addon.logprobs_probe import PROBE_TIMEOUT, ModeCache, probe_upstream
 from addon.mitmproxy_patches import FastDispatch, Tuning
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.sampling import GenerationConfigError, load_generation_config
+from addon.server_weights import KINDS as SERVER_KINDS
 from addon.translate import TranslationError, translator_for
+from addon.weight_hold import SYNC_PATH, HoldTimeout, SyncRequestError, UpstreamWeights, parse_sync_body
 from polar_recon.logtable import LogError
 from polar_recon.logwriter import warm_up
 
@@ -98,6 +102,12 @@ class PolarAddon:
         self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
         # flows with a call in flight (SIGTERM: their rows go in before the pending end records)
         self._live: dict[int, http.HTTPFlow] = {}
+        self._weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
+        self._weights_lock: asyncio.Lock | None = None
+        # sampling defaults of the served model (sampling.py; None: polar_generation_config unset)
+        self.sampling_defaults = None
+        self._warned_unknown_sampling = False
+        self.logprobs_modes = ModeCache()  # each upstream's logprobs mode (logprobs_probe.py)
 
     # -- options ----------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -118,6 +128,29 @@ class PolarAddon:
                           "used are closed and reopened on their next row (episodes never ended cost no fd).")
         loader.add_option("polar_max_choices", int, calls.MAX_CHOICES,
                           "Refuse (400) a call asking for more than this many choices (n): each is a log row.")
+        loader.add_option("polar_server_kind", str, "auto",
+                          "What the upstream is, for its weight version and POST /polar/@weights syncs: vllm (real "
+                          "vLLM with VLLM_SERVER_DEV_MODE=1) | sglang | polar-serve | auto (the first of GET "
+                          "/weight_info, /model_info, /polar/weight_version that answers; none: versions unknown).")
+        loader.add_option("polar_sync_hold_max_ms", int, 300000,
+                          "A model call arriving during a weight sync waits at most this long, then gets a 503 "
+                          "naming the sync (it is never sent to the server unrecorded).")
+        loader.add_option("polar_sync_drain_ms", int, 60000,
+                          "A weight sync waits this long for the calls in flight to finish; calls still in flight "
+                          "when the load starts are recorded as spanning two versions.")
+        loader.add_option("polar_server_api_key", str, "",
+                          "API key the proxy sends (as a bearer token) on its own requests to the server (version "
+                          "reads, weight syncs); empty: the sync request's Authorization header. Never logged.")
+        loader.add_option("polar_generation_config", str, "",
+                          "The served model's directory or its generation_config.json: the sampling defaults the "
+                          "server applies to fields a request leaves unset. The proxy then writes them into the "
+                          "request it forwards and records them on each row (temperature, top_p, top_k, min_p). "
+                          "'none': the server applies no model defaults (vLLM --generation-config vllm). Unset: "
+                          "such fields are recorded as unknown (null).")
+        loader.add_option("polar_logprobs_mode", str, "auto",
+                          "What the upstream's logprobs are, recorded on each row: auto (probe each upstream once "
+                          "before its first call, again after a weight sync or a failed connection) | processed | "
+                          "raw | scaled | unknown (no probe; recorded null).")
 
     def configure(self, updated) -> None:
         o = ctx.options
@@ -135,7 +168,29 @@ class PolarAddon:
             self.episodes.max_open = o.polar_max_open_logs
         if "polar_end_wait_ms" in updated and o.polar_end_wait_ms < 0:
             raise exceptions.OptionsError(f"polar_end_wait_ms must be >= 0, not {o.polar_end_wait_ms}")
+        if updated & {"polar_server_kind", "polar_sync_hold_max_ms", "polar_sync_drain_ms"}:
+            if o.polar_server_kind not in (*SERVER_KINDS, "auto"):
+                raise exceptions.OptionsError(f"polar_server_kind must be one of {', '.join(SERVER_KINDS)} or auto, "
+                                              f"not {o.polar_server_kind!r}")
+            for name in ("polar_sync_hold_max_ms", "polar_sync_drain_ms"):
+                if getattr(o, name) < 0:
+                    raise exceptions.OptionsError(f"{name} must be >= 0, not {getattr(o, name)}")
+        if updated & {"polar_server_kind", "polar_server_api_key", "polar_upstream", "polar_logdir"}:
+            self._weights_of = {}  # learned again at the next call
+        if "polar_generation_config" in updated:
+            self.sampling_defaults = None
+            if o.polar_generation_config:
+                try:
+                    self.sampling_defaults = load_generation_config(o.polar_generation_config)
+                except GenerationConfigError as exc:
+                    raise exceptions.OptionsError(str(exc)) from None
+        if "polar_logprobs_mode" in updated:
+            if o.polar_logprobs_mode not in ("auto", "processed", "raw", "scaled", "unknown"):
+                raise exceptions.OptionsError("polar_logprobs_mode must be auto, processed, raw, scaled or unknown, "
+                                              f"not {o.polar_logprobs_mode!r}")
+            self.logprobs_modes.invalidate()
         if "polar_upstream" in updated:
+            self.logprobs_modes.invalidate()
             self._upstream = None
             if o.polar_upstream:
                 u = urllib.parse.urlsplit(o.polar_upstream)
@@ -162,6 +217,9 @@ class PolarAddon:
         path = req.path
         translator = None
         api = api_of(req.method, path)
+        if path.startswith(SYNC_PATH) and path.partition("?")[0].rstrip("/") == SYNC_PATH:
+            await self._weights_endpoint(flow)
+            return
         if not path.startswith(PREFIX) and api is None:
             translator = translator_for(req.method, path)
             if translator is None:
@@ -205,7 +263,13 @@ class PolarAddon:
             c.clean_requests = self.clean_requests
             c.max_choices = ctx.options.polar_max_choices
             c.header_secrets = credential_values(req.headers.fields, path)
+            c.sampling_defaults = self.sampling_defaults
             ok = self._prepare(flow, c, heads)
+            if ok:
+                ok = await self._gate(flow, c)
+            if ok:
+                self._warn_unknown_sampling(c)
+                c.logprobs_mode = await self._logprobs_mode(flow, c)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
@@ -263,6 +327,116 @@ class PolarAddon:
             # the transforms parse the answer: ask for it uncompressed (the harness still decodes it)
             req.headers["accept-encoding"] = "identity"
         return True
+
+    # -- weight versions and syncs (weight_hold.py) -------------------------------------------------
+    def _upstream_base(self, flow: http.HTTPFlow) -> str:
+        u = self._upstream
+        if u is not None:
+            return f"{u.scheme}://{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}{u.path.rstrip('/')}"
+        r = flow.request
+        return f"{r.scheme}://{r.host}:{r.port}"
+
+    async def _weights(self, base: str, authorization: str | None = None) -> UpstreamWeights:
+        """The upstream's gate, its kind and version learned at first contact."""
+        uw = self._weights_of.get(base)
+        if uw is not None:
+            return uw
+        if self._weights_lock is None:
+            self._weights_lock = asyncio.Lock()
+        async with self._weights_lock:  # one probe per upstream, however many calls arrive at once
+            uw = self._weights_of.get(base)
+            if uw is None:
+                key = ctx.options.polar_server_api_key
+                auth = f"Bearer {key}" if key else authorization
+                uw = UpstreamWeights(base, None, None, headers={"Authorization": auth} if auth else {},
+                                     logdir=ctx.options.polar_logdir)
+                await uw.detect(ctx.options.polar_server_kind)
+                self._weights_of[base] = uw
+        return uw
+
+    async def _gate(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> bool:
+        """Wait while a weight sync holds the upstream; False when the proxy answered (503)."""
+        uw = await self._weights(self._upstream_base(flow), flow.request.headers.get("authorization"))
+        try:
+            c.weight_ticket = await uw.enter(ctx.options.polar_sync_hold_max_ms / 1000)
+        except HoldTimeout as exc:
+            c.errors.append(str(exc))
+            c.status = 503
+            flow.response = _error_response(503, str(exc))
+            return False
+        c.weight_hold = uw
+        return True
+
+    async def _weights_endpoint(self, flow: http.HTTPFlow) -> None:
+        """GET /polar/@weights: the upstream's version; POST: a weight sync (weight_hold.py)."""
+        req = flow.request
+        uw = await self._weights(self._upstream_base(flow), req.headers.get("authorization"))
+        if req.method == "GET":
+            flow.response = _json_response(200, uw.info())
+            return
+        if req.method != "POST":
+            flow.response = _error_response(405, f"{SYNC_PATH} accepts GET and POST, not {req.method}")
+            return
+        try:
+            path, version = parse_sync_body(req.content or b"")
+        except SyncRequestError as exc:
+            flow.response = _error_response(400, str(exc))
+            return
+        if not ctx.options.polar_server_api_key and req.headers.get("authorization"):
+            uw.headers = {"Authorization": req.headers["authorization"]}
+        if uw.kind is None:  # the server may have come up since the first call: ask again
+            await uw.detect(ctx.options.polar_server_kind)
+        status, answer = await uw.sync(path, version, ctx.options.polar_sync_drain_ms / 1000)
+        self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights, maybe a restarted server
+        if status != 200:
+            answer = {**answer, "error": {"message": answer["error"], "type": "polar_weight_sync_error",
+                                          "code": status}}
+        flow.response = _json_response(status, answer)
+
+    # -- sampling and logprobs mode (sampling.py, logprobs_probe.py) ---------------------------------
+    def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:
+        if c.sampling_unknown and not self._warned_unknown_sampling:
+            self._warned_unknown_sampling = True
+            log.warning("polar: a request leaves %s unset and the server's defaults for them are unknown: rows "
+                        "record them as null (unknown). Set --set polar_generation_config=<model dir> (or 'none').",
+                        ", ".join(c.sampling_unknown))
+
+    async def _logprobs_mode(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> str | None:
+        """The upstream's logprobs mode: probed once per upstream (the first calls wait for the
+        probe, at most PROBE_TIMEOUT; then they go on and record null while it finishes)."""
+        opt = ctx.options.polar_logprobs_mode
+        if opt != "auto":
+            return None if opt == "unknown" else opt
+        base = self._upstream_base(flow)
+        cache = self.logprobs_modes
+        if cache.should_probe(base, time.monotonic()):
+            cache.started(base, asyncio.ensure_future(self._probe(base, c.model)))
+        task = cache.entry(base).task
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), PROBE_TIMEOUT)
+            except TimeoutError:
+                log.warning("polar: the logprobs-mode probe of %s takes over %.0f s: this call records null",
+                            base, PROBE_TIMEOUT)
+        return cache.mode(base)
+
+    async def _probe(self, base: str, model: str | None) -> None:
+        generation = self.logprobs_modes.entry(base).generation
+        mode = None
+        try:
+            mode = await asyncio.to_thread(probe_upstream, base, model, PROBE_TIMEOUT)
+            if mode is None:
+                log.warning("polar: the logprobs-mode probe of %s could not tell processed, raw or scaled: rows "
+                            "record logprobs_mode null until a later probe can (or set polar_logprobs_mode)", base)
+        except Exception as exc:  # noqa: BLE001 - any failure means "unknown", retried later
+            log.warning("polar: the logprobs-mode probe of %s failed (%s: %s): rows record logprobs_mode null "
+                        "until a later probe succeeds", base, type(exc).__name__, exc)
+        self.logprobs_modes.done(base, generation, mode, time.monotonic())
+
+    def invalidate_logprobs_mode(self, base: str | None = None) -> None:
+        """Forget the logprobs mode of upstream ``base`` (all: None); its next call probes again.
+        Called after a weight sync and when a call to the upstream fails to connect."""
+        self.logprobs_modes.invalidate(base)
 
     def _after_send(self, c: calls.CapturedCall) -> None:
         """The request's log text (secret scan), then its delta against the episode's previous
@@ -396,6 +570,8 @@ class PolarAddon:
             return
         msg = flow.error.msg if flow.error else "unknown error"
         where = "mid-stream" if c.transform is not None else "before a response"
+        if c.status is None:  # no answer at all: the server may have restarted (another mode)
+            self.invalidate_logprobs_mode(self._upstream_base(flow))
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
@@ -416,6 +592,8 @@ class PolarAddon:
             log.exception("polar: could not log call %s of episode %s", c.call_index, c.episode_id)
             failed = f"polar proxy could not record this call ({type(exc).__name__}: {exc})"
         finally:
+            if c.weight_ticket is not None:  # (after its row: a sync's drain waits for it)
+                c.weight_hold.finish(c.weight_ticket)
             try:
                 self.episodes.call_done(c.episode_id)  # may write a deferred end record
             except Exception as exc:  # noqa: BLE001

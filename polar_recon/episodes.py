@@ -17,12 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from .episode_ids import episode_id_of, is_log_file
-from .logschema import KIND_CALL, KIND_END, SCHEMA
-from .logtable import LogError, full_requests, read_table, unpack
+from .logschema import KIND_CALL, KIND_END, SAMPLING_COLUMNS, SCHEMA
+from .logtable import LogError, full_requests, read_table, unpack, upgrade_batch
+from .sampling import PARAMS, request_params
 
 # Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).
 _SCALARS = ("call_index", "choice", "api", "dialect", "model", "status", "error", "stream", "t_start",
-            "t_first_byte", "t_end", "finish_reason", "weight_version", "auxiliary")
+            "t_first_byte", "t_end", "finish_reason", "weight_version", "auxiliary", *SAMPLING_COLUMNS)
 
 
 @dataclass
@@ -117,7 +118,7 @@ def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
     the number of batches, decoding message headers only: the end record is the last row, and
     grouping must not pay for decompressing every prompt."""
     data = pa.memory_map(str(path), "r").read_buffer() if path.stat().st_size else pa.py_buffer(b"")
-    pos, count, last = 0, 0, None
+    pos, count, last, last_schema, schema = 0, 0, None, SCHEMA, SCHEMA
     while pos < data.size:
         src = pa.BufferReader(data.slice(pos))
         try:
@@ -131,6 +132,7 @@ def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
             break  # torn tail
         if first.type != "schema":
             raise LogError(f"{path}: stream at byte {pos} does not start with a schema")
+        schema = pa.ipc.read_schema(first)  # v2 streams (older proxies) have fewer columns
         while True:
             try:
                 msg = reader.read_next_message()
@@ -138,7 +140,7 @@ def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
                 break
             if msg.type == "record batch":
                 count += 1
-                last = msg
+                last, last_schema = msg, schema
         end = pos + src.tell()
         if end <= pos:
             break
@@ -146,7 +148,8 @@ def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
     if last is None:
         return None, 0
     try:
-        return pa.ipc.read_record_batch(last, SCHEMA), count
+        batch = pa.ipc.read_record_batch(last, last_schema)
+        return (batch if last_schema.names == SCHEMA.names else upgrade_batch(batch)), count
     except (pa.ArrowInvalid, OSError) as exc:
         raise LogError(f"{path}: last record batch unreadable ({exc})") from exc
 
@@ -220,7 +223,6 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
     # request text is delta-coded on disk: rebuilt for every row, parsed only where needed
     all_requests = full_requests(calls_t)
-    temperatures = [request_temperature(r) for r in all_requests]
     requests = all_requests if with_requests else []
     seqs: list[np.ndarray | None] = []  # per row: prompt + completion in one buffer
     calls: list[Call] = []
@@ -243,7 +245,12 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
             completion = None if comp is None else seq[len(prompt):]
         seqs.append(seq)
         info = {c: scalars[c][i] for c in _SCALARS}
-        info["temperature"] = temperatures[i]
+        if all_requests[i] is not None and any(info[k] is None for k in PARAMS):
+            # a v2 log (no sampling columns) or an unknown default: what the request set itself
+            # is what the server applied (the rest stays unknown)
+            for k, v in request_params(all_requests[i]).items():
+                if info[k] is None:
+                    info[k] = v
         lp = lps[i]
         if comp is not None and lp is not None and len(lp) != len(comp):
             info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(comp)} completion ids"
@@ -254,19 +261,3 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
     return Episode(path, episode_id_of(path), calls, finished, reward, metadata, torn, requests)
 
 
-_TEMPERATURE_KEY = '"temperature"'
-
-
-def request_temperature(request: str | None) -> float | None:
-    """The sampling temperature the request asked for; None when it set none (the server then
-    applies its model's generation_config.json default, as vLLM and SGLang do). The trainer must
-    compute its logprobs at the temperature the server sampled with, so shards carry it.
-    Requests without the key (most harnesses) are not parsed at all."""
-    if not request or _TEMPERATURE_KEY not in request:
-        return None
-    try:
-        body = json.loads(request)
-    except json.JSONDecodeError:
-        return None
-    t = body.get("temperature") if isinstance(body, dict) else None
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None

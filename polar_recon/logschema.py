@@ -21,12 +21,16 @@ The request text is stored the same way (against the previous call row). The thr
 zstd frame. (Arrow IPC body compression was tried: it compresses all ~70 small buffers of a row
 with a fresh context each, ~1.5 ms CPU a row, more than the whole per-call budget of the proxy.)
 So a growing episode costs about its new tokens.
+
+Schema v3 added the sampling columns (``SAMPLING_COLUMNS``: what the server applied and what its
+logprobs are; rules in sampling.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
+upgrade and restart) reads with those columns null: unknown, which is what they are.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 KIND_CALL = "call"
 KIND_END = "end"
@@ -64,7 +68,25 @@ FIELDS: list[pa.Field] = [
     pa.field("completion_ids", pa.list_(pa.int32())),
     pa.field("completion_logprobs", pa.list_(pa.float32())),
     pa.field("finish_reason", pa.string()),
+    # the policy version that served the call (the proxy mediates weight syncs: addon/weight_hold.py);
+    # 'spans:["A","B"]' (in flight across a sync) and 'unknown:<why>' name no single version
+    # (polar_recon/weight_versions.py): the trainer never reads them as one
     pa.field("weight_version", pa.string()),
+    # Schema v3: the sampling the server ACTUALLY applied (the request's value, else the served
+    # model's default; see addon/sampling.py), normalised: top_k disabled = -1, top_p disabled =
+    # 1.0, min_p disabled = 0.0, greedy = temperature 0.0; null = unknown (never guessed).
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()),
+    pa.field("min_p", pa.float64()),
+    # what the server's logprobs are: "processed" (after temperature, penalties and the
+    # top-k/top-p/min-p masks, renormalised: vLLM --logprobs-mode processed_logprobs), "raw"
+    # (log-softmax of the raw logits: stock vLLM), "scaled" (log-softmax of logits/T before any
+    # truncation: SGLang 0.5.23); null = unknown (the addon's probe could not tell)
+    pa.field("logprobs_mode", pa.string()),
+    # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
+    # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
+    pa.field("sampling_unsupported", pa.string()),
     pa.field("auxiliary", pa.bool_()),  # e.g. Claude Code's title call: recorded, not trained
     pa.field("notes", pa.list_(pa.string())),  # normalizations applied, fields dropped, warnings
     pa.field("reward", pa.float64()),  # end rows only
@@ -73,6 +95,11 @@ FIELDS: list[pa.Field] = [
 
 SCHEMA = pa.schema(FIELDS, metadata={b"polar.log.schema_version": str(SCHEMA_VERSION).encode()})
 COLUMNS = [f.name for f in FIELDS]
+
+# Added in schema v3. Older logs (v2: every other column) stay readable: logtable reads their
+# batches with these columns null (unknown), which is what they are.
+SAMPLING_COLUMNS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+V2_COLUMNS = [c for c in COLUMNS if c not in SAMPLING_COLUMNS]
 
 # The on-disk columns read_log replaces with `request`, `response` and full `prompt_ids`.
 READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_zstd", "request_zstd", "request_prefix_len",

@@ -17,7 +17,7 @@ import pyarrow as pa
 import zstandard
 
 from .ipcrow import EOS
-from .logschema import COLUMNS, SCHEMA
+from .logschema import COLUMNS, SCHEMA, V2_COLUMNS
 
 
 class LogError(Exception):
@@ -46,7 +46,8 @@ def read_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], int, bo
                 raise LogError(f"{path}: not an Arrow IPC stream ({exc})") from exc
             torn = True
             break
-        if reader.schema.names != COLUMNS:
+        upgrade = reader.schema.names == V2_COLUMNS  # a v2 stream (older proxy): new columns null
+        if not upgrade and reader.schema.names != COLUMNS:
             raise LogError(f"{path}: unexpected columns {reader.schema.names}")
         good_end = pos + reader_src.tell()  # after the schema message
         while True:
@@ -61,12 +62,21 @@ def read_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], int, bo
                 torn = True
                 open_stream = True
                 break
-            batches.append(batch)
+            batches.append(upgrade_batch(batch) if upgrade else batch)
             good_end = pos + reader_src.tell()
         if torn:
             break
         pos = good_end
     return batches, good_end, torn, open_stream
+
+
+def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of an older schema (v2) in the current SCHEMA: the columns it lacks are null."""
+    n = batch.num_rows
+    names = batch.schema.names
+    return pa.RecordBatch.from_arrays(
+        [batch.column(names.index(f.name)) if f.name in names else pa.nulls(n, f.type) for f in SCHEMA],
+        schema=SCHEMA)
 
 
 def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> tuple[pa.Table, bool]:

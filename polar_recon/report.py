@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from .episodes import Episode, list_logs, read_calls
 from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
@@ -47,7 +48,13 @@ def inspect_rows(ep: Episode, m: TurnMarkers) -> list[dict[str, Any]]:
             "status": i.get("status"),
             "finish": i.get("finish_reason"),
             "weights": i.get("weight_version"),
-            "temperature": i.get("temperature"),  # as requested; None: the server's default
+            # the sampling the server applied (None: unknown) and what the logprobs are
+            "temperature": i.get("temperature"),
+            "top_p": i.get("top_p"),
+            "top_k": i.get("top_k"),
+            "min_p": i.get("min_p"),
+            "logprobs_mode": i.get("logprobs_mode"),
+            "sampling_unsupported": i.get("sampling_unsupported"),
             "error": i.get("error") or (n.note or None),
         })
     return rows
@@ -164,7 +171,12 @@ def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
             "input_ids", "loss_mask"]
     parts = []
     for p in shards:
-        df = pl.read_parquet(p, columns=cols).with_columns(
+        have = pq.read_schema(p).names  # shards of older builds have no sampling columns
+        df = pl.read_parquet(p, columns=cols + [c for c in ("logprobs_mode", "sampling_unsupported") if c in have])
+        for c in ("logprobs_mode", "sampling_unsupported"):
+            if c not in df.columns:
+                df = df.with_columns(pl.lit(None, pl.String).alias(c))
+        df = df.with_columns(
             pl.col("input_ids").list.len().alias("tokens"),
             pl.col("loss_mask").list.sum().alias("trainable"),
         ).drop("input_ids", "loss_mask")
@@ -186,6 +198,11 @@ def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
         "trainable_tokens": int(df["trainable"].sum()),
         "reward_mean": float(r.mean()), "reward_std": float(r.std() or 0.0),
         "reward_min": float(r.min()), "reward_max": float(r.max()),
+        # what the trainer's importance ratios can use: rows per logprobs mode (None: unknown)
+        # and rows whose sampling the four parameters cannot reproduce
+        "logprobs_modes": {str(k): int(v) for k, v in zip(*np.unique(
+            np.asarray([str(x) for x in df["logprobs_mode"].to_list()]), return_counts=True))},
+        "sampling_unsupported_rows": int(df["sampling_unsupported"].is_not_null().sum()),
         "reward_histogram": [(float(a), float(b), int(c)) for a, b, c in zip(hist[1][:-1], hist[1][1:], hist[0])],
         **_excluded(out),
     }

@@ -36,10 +36,23 @@ SHARD_SCHEMA = pa.schema([
     pa.field("model", pa.string()),
     pa.field("group_size", pa.int32()),
     pa.field("group_complete", pa.bool_()),
-    # The sampling temperature the requests asked for; null: they set none and the server applied
-    # its model's generation_config.json default. The trainer's logprobs must use the same one.
+    # The sampling columns (log schema v3, rules in sampling.py): what the server applied to the
+    # row's calls, normalised (top_k off = -1, top_p off = 1.0, min_p off = 0.0, greedy = T 0.0),
+    # null = unknown. The trainer computes its old-policy logprobs under the same transform.
     pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()),
+    pa.field("min_p", pa.float64()),
+    # processed | raw | scaled (what the behaviour `logprobs` are), null = unknown
+    pa.field("logprobs_mode", pa.string()),
+    # null: temperature/top_p/top_k/min_p reproduce the sampling; else the "; "-joined reasons they
+    # do not (penalties, logit_bias, structured output, ..., or "mixed sampling parameters across
+    # calls" when the row's calls differ in a sampling column, which is then null). The trainer
+    # excludes or refuses such rows.
+    pa.field("sampling_unsupported", pa.string()),
 ])
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
 
 
 class ManifestError(Exception):
@@ -80,8 +93,9 @@ class GroupRows:
             "model": pa.array([s.model for _, _, s in seqs], pa.string()),
             "group_size": pa.array([len(self.episodes)] * n, pa.int32()),
             "group_complete": pa.array([self.complete] * n, pa.bool_()),
-            "temperature": pa.array([s.temperature for _, _, s in seqs], pa.float64()),
         }
+        for f in SAMPLING_FIELDS:
+            cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
 
 
@@ -96,7 +110,8 @@ class ShardWriter:
         # lists they cost more time than the whole reconstruction.
         self._writer = pq.ParquetWriter(
             str(self.tmp), SHARD_SCHEMA, compression=compression,
-            use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model"],
+            use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model", "logprobs_mode",
+                            "sampling_unsupported"],
             write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id

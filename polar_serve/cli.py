@@ -3,6 +3,8 @@
     polar-serve --make-tiny DIR [--seed N]
     polar-serve --model DIR --port PORT --dialect vllm|sglang [--script FILE] [--host 127.0.0.1]
                 [--served-model-name NAME [NAME ...]] [--threads N] [--weight-version V]
+                [--logprobs-mode raw_logprobs|processed_logprobs] [--generation-config auto|vllm|DIR]
+                [--sampling-defaults model|openai]
 
 Once listening it prints exactly one line `polar-serve listening on http://HOST:PORT` (flushed);
 `--port 0` picks a free port, which that line reports.
@@ -37,8 +39,37 @@ def _parser() -> argparse.ArgumentParser:
                         "or token_ids (later sources; return_token_ids then implies prompt_token_ids)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length the server admits and reports, as vLLM's flag (default: the model config's)")
+    p.add_argument("--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default=None,
+                   help="vLLM's flag (vllm dialect only): raw_logprobs (the default, as vLLM's: log-softmax of the "
+                        "model's logits) or processed_logprobs (after temperature, min-p, top-k, top-p, renormalised: "
+                        "the distribution sampled). The sglang dialect reports SGLang 0.5.23's logprobs: "
+                        "log-softmax of logits / temperature, before truncation.")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="vLLM's flag (vllm dialect): where unset sampling fields take their defaults: auto (the "
+                        "model's generation_config.json, the default), vllm (none: temperature 1, top_p 1, top_k off, "
+                        "min_p 0), or a directory holding a generation_config.json")
+    p.add_argument("--sampling-defaults", choices=("model", "openai"), default="model",
+                   help="SGLang's flag (sglang dialect): model (the model's generation_config.json, the default) or "
+                        "openai (none)")
     p.add_argument("--log-level", default="warning")
     return p
+
+
+def _sampling_setup(args) -> tuple[str, str]:
+    """(logprobs mode, generation-config source) of the dialect's flags, as the real servers take them."""
+    from pathlib import Path
+
+    if args.dialect == "sglang":
+        if args.logprobs_mode is not None or args.generation_config != "auto":
+            raise ValueError("--logprobs-mode and --generation-config are vLLM flags; SGLang's logprobs are "
+                             "scaled (log-softmax of logits / T) and its defaults come from --sampling-defaults")
+        return "scaled", "auto" if args.sampling_defaults == "model" else "vllm"
+    if args.sampling_defaults != "model":
+        raise ValueError("--sampling-defaults is SGLang's flag; the vllm dialect takes --generation-config")
+    src = args.generation_config
+    if src not in ("auto", "vllm") and not (Path(src) / "generation_config.json").is_file():
+        raise ValueError(f"--generation-config {src!r}: not auto, vllm, or a directory with a generation_config.json")
+    return ("processed" if args.logprobs_mode == "processed_logprobs" else "raw"), src
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         except ScriptError as e:
             print(f"polar-serve: {e}", file=sys.stderr)
             return 2
+    try:
+        logprobs_mode, generation_config = _sampling_setup(args)
+    except ValueError as e:
+        print(f"polar-serve: {e}", file=sys.stderr)
+        return 2
     import torch
     torch.set_num_threads(max(1, args.threads))
     from pathlib import Path
@@ -68,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     from .listen import serve_forever
     from .model import ServedModel
     try:
-        model = ServedModel(args.model, args.max_model_len)
+        model = ServedModel(args.model, args.max_model_len, logprobs_mode=logprobs_mode,
+                            generation_config=generation_config)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"polar-serve: cannot load model from {args.model}: {e}", file=sys.stderr)
         return 2

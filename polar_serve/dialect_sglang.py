@@ -392,10 +392,50 @@ async def _generate_stream(server, req: GenerationRequest, queue, lp: bool, with
 
 
 async def model_info(server, request):
-    """GET /get_model_info."""
+    """GET /model_info and the deprecated GET /get_model_info (entrypoints/http_server.py:802-848):
+    the fields polar-serve can fill; ``weight_version`` is SGLang's ``--weight-version`` ("default")
+    until a weight update names another (arg_groups/fields/serving.py:172-175)."""
     path = str(server.model.model_dir)
     return web.json_response({"model_path": path, "tokenizer_path": path, "is_generation": True,
                               "weight_version": server.weight_version})
+
+
+async def update_weights_from_disk(server, request):
+    """POST /update_weights_from_disk as SGLang 0.5.23 answers it: entrypoints/http_server.py:1300-1327
+    (``{"success", "message", "num_paused_requests"}``, 200 or 400), managers/io_struct.py:1970-1999
+    (UpdateWeightFromDiskReqInput: ``model_path`` required, ``weight_version`` optional; the other
+    fields are GPU/scheduler knobs polar-serve accepts and ignores), managers/tokenizer_manager.py:
+    2288-2322 (the version moves only on success, and the message then says so) and
+    model_runner_components/weight_updater.py:174-258 (the messages; a failed load leaves the old
+    weights: polar-serve loads the new model before swapping it in). SGLang waits for running
+    requests (its model_update_lock); polar-serve's worker thread finishes the running one first."""
+    body = await server.body(request)
+    path, version = body.get("model_path"), body.get("weight_version")
+    if not isinstance(path, str):  # pydantic's validation error, which SGLang answers with 400
+        raise RequestError(f"model_path: Input should be a valid string (got {path!r})")
+    if version is not None and not isinstance(version, str):
+        raise RequestError(f"weight_version: Input should be a valid string (got {version!r})")
+    try:
+        await server.engine.run_sync(lambda m: m.load(path))
+    except Exception as e:  # noqa: BLE001 - SGLang answers any loader failure with success false
+        return server.json({"success": False, "message": f"Failed to get weights iterator: {e}.",
+                            "num_paused_requests": 0}, status=400)
+    server.reloads += 1
+    message = "Succeeded to update model weights."
+    if version is not None:
+        server.weight_version = version
+        message += f" Weight version updated to {version}."
+    return server.json({"success": True, "message": message, "num_paused_requests": 0})
+
+
+async def update_weight_version(server, request):
+    """POST /update_weight_version {"new_version"} (entrypoints/http_server.py:1527-1555)."""
+    body = await server.body(request)
+    v = body.get("new_version")
+    if not isinstance(v, str):
+        raise RequestError(f"new_version: Input should be a valid string (got {v!r})")
+    server.weight_version = v
+    return server.json({"success": True, "message": f"Weight version updated to {v}", "new_version": v})
 
 
 class SGLang(Dialect):
@@ -465,4 +505,7 @@ class SGLang(Dialect):
         router.add_post("/v1/detokenize", server.wrap(server.detokenize))
         router.add_post("/generate", server.wrap(lambda request: generate(server, request)))
         router.add_get("/get_model_info", server.wrap(lambda request: model_info(server, request)))
+        router.add_get("/model_info", server.wrap(lambda request: model_info(server, request)))
+        router.add_post("/update_weights_from_disk", server.wrap(lambda request: update_weights_from_disk(server, request)))
+        router.add_post("/update_weight_version", server.wrap(lambda request: update_weight_version(server, request)))
         router.add_get("/health_generate", server.wrap(server.health))

@@ -9,8 +9,10 @@ prefix caching. `tests/serve/test_model.py` checks it against transformers' own 
 
 Other architectures fall back to transformers' model with its cache (slower, same results).
 
-Logprobs are "processed" like vLLM's `--logprobs-mode processed_logprobs`: log-softmax of the logits
-after temperature and top-k/top-p masking (masked tokens get -inf, reported floored at -9999.0).
+Sampling follows vLLM 0.32's transform in its order (temperature, min-p, top-k, top-p; see
+process_logits). The reported logprobs are the server's `logprobs_mode`: "processed" (vLLM
+`--logprobs-mode processed_logprobs`: log-softmax after that transform; masked tokens -inf,
+reported floored at -9999.0), "raw" (vLLM's default raw_logprobs) or "scaled" (SGLang 0.5.23).
 """
 from __future__ import annotations
 
@@ -223,24 +225,42 @@ class HFRunner:
         return self.model.lm_head(hidden)
 
 
+# The transform vLLM 0.32 samples from, in its order (v1/sample/sampler.py Sampler.sample and
+# ops/topk_topp_sampler.py, the CPU path apply_top_k_top_p_pytorch / apply_top_k_only; penalties,
+# logit_bias and the other logits processors come before it and polar-serve does not implement them):
+#   1. temperature: logits / T (greedy, T < 1e-5: no transform at all, nothing truncated: vLLM's
+#      SamplingParams turns top_k/top_p/min_p off for greedy requests);
+#   2. min_p (MinPLogitsProcessor, the argmax-invariant processors): drop p < min_p * p_max, p the
+#      softmax of the scaled logits;
+#   3. top_k: drop logits below the k-th largest (ties kept);
+#   4. top_p over what is left (renormalised): ascending sort, softmax, cumsum, drop where the
+#      cumulative sum <= 1 - top_p, the largest always kept;
+#   5. processed logprobs = log_softmax of the result (renormalised over the kept tokens).
+# min_p and top_k commute (each keeps the most likely token and min_p depends only on p / p_max),
+# top_p does not: it sees the distribution after both.
+GREEDY_EPS = 1e-5
+LOGPROBS_MODES = ("processed", "raw", "scaled")
+
+
 def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Logits after temperature, top-k, top-p and min-p (masked entries -inf), as vLLM samples them."""
+    """Logits after vLLM's transform (see above; masked entries -inf): log_softmax of this is
+    vLLM's processed logprob row."""
     x = logits.float()
-    if p.temperature > 1e-5:
-        x = x / p.temperature
+    if p.temperature <= GREEDY_EPS:
+        return x
+    x = x / p.temperature
+    if p.min_p and p.min_p > 0:
+        probs = x.softmax(-1)
+        x = x.masked_fill(probs < probs.max(-1, keepdim=True).values * p.min_p, float("-inf"))
     if p.top_k is not None and 0 < p.top_k < x.shape[-1]:
         kth = torch.topk(x, p.top_k).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if p.top_p is not None and p.top_p < 1.0:
-        sorted_x, idx = torch.sort(x, descending=True)
-        probs = sorted_x.softmax(-1)
-        cum = probs.cumsum(-1)
-        drop = (cum - probs) > p.top_p
-        drop[..., 0] = False
+        sorted_x, idx = torch.sort(x, descending=False)
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - p.top_p
+        drop[..., -1] = False
         x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
-    if p.min_p and p.min_p > 0:
-        probs = x.softmax(-1)
-        x = x.masked_fill(probs < p.min_p * probs.max(-1, keepdim=True).values, float("-inf"))
     return x
 
 
@@ -248,36 +268,58 @@ _NUCLEUS_PROBE = 1024
 
 
 def _candidates(x: torch.Tensor, p: SamplingParams):
-    """(values, ids) of the tokens that survive top-k / top-p / min-p, sorted by value, or
-    (x, None) when nothing is truncated. Equivalent to process_logits() restricted to its finite
-    entries, but never sorts the whole vocabulary when top-k (or a small nucleus) bounds the set."""
+    """(values, ids) of the scaled logits ``x`` that survive min-p / top-k / top-p, sorted by
+    value, or (x, None) when nothing is truncated. The set process_logits() keeps (same order of
+    steps), but never sorts the whole vocabulary when top-k or min-p (or a small nucleus) bounds it."""
     V = x.shape[-1]
     vals = idx = None
     if p.top_k is not None and 0 < p.top_k < V:
         vals, idx = torch.topk(x, p.top_k)
+    if p.min_p and p.min_p > 0:
+        # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p) (the normaliser cancels)
+        cut = float(x.max()) + math.log(p.min_p)
+        if vals is None:
+            sel = torch.nonzero(x >= cut).flatten()
+            vals, order = torch.sort(x[sel], descending=True)
+            idx = sel[order]
+        else:
+            n = max(int((vals >= cut).sum()), 1)
+            vals, idx = vals[:n], idx[:n]
     if p.top_p is not None and p.top_p < 1.0:
         if vals is None:
             lse = torch.logsumexp(x, -1)
             vals, idx = torch.topk(x, min(_NUCLEUS_PROBE, V))
-            if float((vals - lse).exp().sum()) < p.top_p:  # nucleus wider than the probe: full sort
+            if float((vals - lse).exp().sum()) <= p.top_p:  # nucleus wider than the probe: full sort
                 vals, idx = torch.sort(x, descending=True)
-        probs = torch.softmax(vals, -1)
-        cum = probs.cumsum(-1)
-        keep = int(((cum - probs) <= p.top_p).sum())
-        vals, idx = vals[:max(keep, 1)], idx[:max(keep, 1)]
-    if p.min_p and p.min_p > 0:
-        if vals is None:
-            vals, idx = torch.sort(x, descending=True)
-        probs = torch.softmax(vals, -1)
-        keep = int((probs >= p.min_p * probs[0]).sum())
-        vals, idx = vals[:max(keep, 1)], idx[:max(keep, 1)]
+        else:
+            lse = torch.logsumexp(vals, -1)  # the distribution top_p sees: what min_p/top_k kept
+        probs = (vals - lse).exp()
+        # vLLM's rule in ascending order: drop while the cumulative sum (tokens outside `vals`,
+        # which it sums first, plus these from the smallest) is <= 1 - top_p
+        asc = probs.flip(0).cumsum(0) + max(0.0, 1.0 - float(probs.sum()))
+        keep = max(int((asc > 1 - p.top_p).sum()), 1)
+        vals, idx = vals[:keep], idx[:keep]
     return (x, None) if vals is None else (vals, idx)
 
 
-def sample_step(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> TokenStep:
-    """Sample one token; its processed logprob and the top alternatives (vLLM processed_logprobs)."""
+def reported_row(logits: torch.Tensor, p: SamplingParams, mode: str) -> torch.Tensor:
+    """The full log-probability row a server reports in ``mode``: processed (vLLM
+    processed_logprobs: log_softmax of process_logits), raw (vLLM's default raw_logprobs:
+    log_softmax of the logits as the model gave them), scaled (SGLang 0.5.23's sampler: log of
+    softmax(logits / T), before any truncation; the raw row for greedy)."""
     x = logits.float()
-    if p.temperature <= 1e-5:
+    if mode == "raw" or p.temperature <= GREEDY_EPS:
+        return torch.log_softmax(x, -1)
+    if mode == "scaled":
+        return torch.log_softmax(x / p.temperature, -1)
+    return torch.log_softmax(process_logits(x, p), -1)
+
+
+def sample_step(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator, mode: str = "processed") -> TokenStep:
+    """Sample one token from vLLM's transform; its logprob and the top alternatives as a server
+    in logprobs ``mode`` reports them (processed: the sampled distribution)."""
+    x = logits.float()
+    if p.temperature <= GREEDY_EPS:
         lp = torch.log_softmax(x, -1)
         return _step(lp, int(torch.argmax(lp)), p.top_logprobs)
     vals, idx = _candidates(x / p.temperature, p)
@@ -285,9 +327,11 @@ def sample_step(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -
     # Exponential race (what vLLM's sampler does): argmax(prob / Exp(1)) samples from prob.
     q = torch.empty_like(lp).exponential_(generator=gen)
     j = int(torch.argmax(lp.exp() / q))
+    tok = j if idx is None else int(idx[j])
+    if mode != "processed":
+        return _step(reported_row(x, p, mode), tok, p.top_logprobs)
     if idx is None:
         return _step(lp, j, p.top_logprobs)
-    tok = int(idx[j])
     top = []
     if p.top_logprobs > 0:
         k = p.top_logprobs
@@ -314,8 +358,17 @@ class ServedModel:
     POOL = 4
     CACHE_BUDGET = 2 << 30  # bytes of pooled KV caches (a 20k-token Qwen3-0.6B cache is ~4.6 GB in fp32)
 
-    def __init__(self, model_dir: str | Path, max_model_len: int | None = None):
+    def __init__(self, model_dir: str | Path, max_model_len: int | None = None, *, logprobs_mode: str = "processed",
+                 generation_config: str = "auto"):
         self.max_model_len = max_model_len  # vLLM's --max-model-len (default: the config's context)
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, not {logprobs_mode!r}")
+        # what the reported logprobs are (reported_row): server-wide, like vLLM's --logprobs-mode
+        self.logprobs_mode = logprobs_mode
+        # where unset sampling fields get their defaults: "auto" (the served model's
+        # generation_config.json, vLLM --generation-config auto / SGLang --sampling-defaults model),
+        # "vllm" (none: OpenAI's neutral values), or a directory holding a generation_config.json
+        self.generation_config = generation_config
         self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
@@ -334,7 +387,8 @@ class ServedModel:
         self.runner = Qwen3Runner(hf) if hf.config.model_type == "qwen3" else HFRunner(hf)
         self.caches: list[KVCache] = []
         self.eos_ids = self._eos_ids(hf)
-        self.gen_defaults = self._gen_defaults(d)
+        src = getattr(self, "generation_config", "auto")
+        self.gen_defaults = {} if src == "vllm" else self._gen_defaults(d if src == "auto" else Path(src))
         self.max_len = int(getattr(self, "max_model_len", None) or getattr(hf.config, "max_position_embeddings", 32768))
 
     @staticmethod
@@ -407,7 +461,7 @@ class ServedModel:
             h = hidden[-1:]
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
             for i in range(p.max_tokens):
-                step = sample_step(self.runner.logits(h)[0], p, gen)
+                step = sample_step(self.runner.logits(h)[0], p, gen, self.logprobs_mode)
                 tok = step.token_id
                 yield step
                 if tok in stops or i == p.max_tokens - 1:
@@ -434,7 +488,8 @@ class ServedModel:
             return out
 
     def teacher_force(self, prompt_ids: list[int], forced: list[int], p: SamplingParams) -> list[TokenStep]:
-        """Processed logprobs of `forced` continuing `prompt_ids` (one forward, lm_head only there)."""
+        """The logprobs of `forced` continuing `prompt_ids` as this server reports them (its
+        logprobs_mode; one forward, lm_head only there)."""
         if not forced:
             return []
         with torch.inference_mode():
@@ -444,6 +499,6 @@ class ServedModel:
             hs = torch.cat([h_last, rest], 0)
             steps = []
             for row, tok in zip(self.runner.logits(hs), forced, strict=True):
-                lp_row = torch.log_softmax(process_logits(row, p), -1)
+                lp_row = reported_row(row, p, self.logprobs_mode)
                 steps.append(_step(lp_row, tok, p.top_logprobs))
             return steps

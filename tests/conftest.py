@@ -17,14 +17,19 @@ from harness_recipes.stack import vllm  # noqa: E402
 from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
 # The name the real vLLM serves the tiny model under in the suite, and the flags it starts with
-# (besides stack.VLLM_FLAGS): one server for the whole session, so every test that needs flags of
-# its own adds them here rather than starting another (40-100 s and 3.2 GB each).
+# (besides stack.VLLM_FLAGS, which run it with --logprobs-mode processed_logprobs, so the
+# differential and capture suites compare processed logprob values): one server for the whole
+# session, so every test that needs flags of its own adds them here rather than starting another
+# (40-100 s and 3.2 GB each).
 VLLM_MODEL_NAME = "polar-model"
 # The ForcedReply logits processor (harness_recipes/forced_replies.py): a no-op for requests without
 # `vllm_xargs.polar_forced`, so every other test sees plain vLLM; tests/vllm/test_harness_vllm.py
 # scripts the harnesses through it. VLLM_ENV: what vLLM's environment needs to import it.
 VLLM_EXTRA_ARGS: list[str] = [*vllm_plugin_args()]
-VLLM_ENV: dict[str, str] = vllm_plugin_env()
+# VLLM_SERVER_DEV_MODE=1: vLLM registers its RL and dev routes only then (/weight_info, /pause,
+# /resume, /update_weight_version, /collective_rpc): the proxy reads the served weight version there
+# and syncs full weights through them (addon/server_weights.py, tests/vllm/test_weight_sync_vllm.py).
+VLLM_ENV: dict[str, str] = {**vllm_plugin_env(), "VLLM_SERVER_DEV_MODE": "1"}
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +47,22 @@ def real_vllm(tiny_model, tmp_path_factory):
         pytest.skip(f"the real vLLM is not installed at {python}: run `make vllm`")
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=VLLM_EXTRA_ARGS, env=VLLM_ENV, log=log) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def stock_vllm(tiny_model, tmp_path_factory):
+    """A second real vLLM, in vLLM's default logprobs mode (raw_logprobs: the model's own
+    log-softmax, before the ForcedReply processor, temperature and truncation), plugin loaded; for
+    the modules that need a stock server (tests/vllm/test_harness_vllm.py: forced replies keep the
+    model's own logprobs only in raw mode; the logprobs-mode probe). Module-scoped: started by
+    the first test of a module that asks for it, stopped by pid after its last."""
+    python = vllm_python()
+    if not python.exists():
+        pytest.skip(f"the real vLLM is not installed at {python}: run `make vllm`")
+    log = tmp_path_factory.mktemp("vllm-stock") / "vllm.log"
+    with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=[*VLLM_EXTRA_ARGS, "--logprobs-mode", "raw_logprobs"],
+              env=VLLM_ENV, log=log) as p:
         yield p
 
 

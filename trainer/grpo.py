@@ -19,9 +19,20 @@ Extension points used (TRL 1.16), and nothing else:
 - ``train(resume_from_checkpoint=...)`` restores the shard cursor; a TrainerCallback writes it into
   every checkpoint directory.
 
-pi_old: when TRL computed ``old_per_token_logps`` (misaligned steps) it is used; otherwise TRL uses the
-detached current logps in the loss, which equal the policy's logps at generation time, and one
-no-grad forward computes them here for the ratio (what TRL does for its vLLM path).
+pi_old for the ratio: the hook ``_old_policy_logps(output, transforms)`` (override it to change how
+the old policy's log-probs are formed). The behaviour logprobs are the server's, of the distribution
+it sampled from: with truncated sampling (Qwen3's generation_config: T=0.6, top_k=20, top_p=0.95,
+applied to every request that sets none) that is the renormalised kept set, not the full softmax.
+So pi_old of each sampled token is taken under the SAME transform, per row, from the shard's
+columns (trainer/sampling.py: processed = temperature, min_p, top_k, top_p in vLLM 0.32's order,
+renormalised; scaled (SGLang) = temperature only); a full-softmax pi_old would make every token's
+ratio its kept mass and ``sequence_mask`` would drop every row. TRL's own loss logps
+(``old_per_token_logps``, the PPO ratio) stay full-softmax at ``temperature``: both sides of that
+ratio are the same policy family, so it needs no truncation. When no row truncates, pi_old is TRL's
+``old_per_token_logps`` if computed (misaligned steps), else one no-grad forward (what TRL does for
+its vLLM path). With the correction on, rows with raw or unknown logprob modes stop training with the
+fix (trainer/sampling.py FIX), and episodes the trainer cannot reproduce (``sampling_unsupported``,
+unknown truncation) are excluded, counted (``polar/rows_excluded_sampling_total``) and logged.
 
 Temperature: the trainer's logps divide the logits by ``temperature``; it must be the sampling
 temperature the server used, or the ratio measures the temperature, not the staleness. Shards
@@ -43,7 +54,8 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from trainer.is_correction import MODES, is_ratio
-from trainer.rollout import POLICIES, RolloutStats, fit_group, rows_to_columns
+from trainer.rollout import POLICIES, RolloutStats, fit_group, resolve_sampling, rows_to_columns
+from trainer.sampling import Transform, token_logprobs
 from trainer.sampling_temperature import check_rows, generation_default
 from trainer.shard_source import ShardCursor, ShardSource
 
@@ -66,8 +78,8 @@ class PolarGRPOConfig(GRPOConfig):
     shard_wait_timeout: float | None = field(default=None, metadata={
         "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
     max_policy_lag: int | None = field(default=None, metadata={
-        "help": "Drop groups whose weight_version is more than this many reloads behind the newest known "
-        "(and groups without a version). None: keep all."})
+        "help": "Drop groups whose weight_version is more than this many syncs behind the current one, by the "
+        "sync history (and groups whose version is unknown or spans a sync). None: keep all."})
     group_size_policy: str = field(default="pad", metadata={
         "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
         "padding rows) or 'skip'."})
@@ -78,7 +90,9 @@ class PolarGRPOConfig(GRPOConfig):
         "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
     sync_steps: int = field(default=1, metadata={"help": "Push the weights every this many optimizer steps."})
     sync_mode: str = field(default="polar", metadata={
-        "help": "'polar': full weights + POST /polar/reload; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
+        "help": "'proxy': full weights + POST /polar/@weights to the capture proxy (sync_server = the proxy's URL; "
+        "it holds calls and has vLLM, SGLang or polar-serve load them); 'polar': full weights + POST "
+        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
     sync_dir: str | None = field(default=None, metadata={
         "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
     sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
@@ -104,8 +118,8 @@ class PolarGRPOConfig(GRPOConfig):
             raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
         if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
             raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "vllm_lora"):
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'vllm_lora')")
+        if self.sync_mode not in ("polar", "proxy", "vllm_lora"):  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora')")
         self._check_save_alignment()
 
     def _check_save_alignment(self) -> None:
@@ -132,14 +146,16 @@ class ShardRollout:
 
     def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
                  wait_timeout: float | None = None, temperature: float | None = None,
-                 served_default_temperature: float = 1.0):
+                 served_default_temperature: float = 1.0, is_correction: bool = False):
         self.source = source
         self.g = num_generations
         self.policy = policy
         self.wait_timeout = wait_timeout
         self.temperature = temperature  # the trainer's; None: not checked
         self.served_default_temperature = served_default_temperature
+        self.is_correction = is_correction  # resolve each row's sampling transform (refuse / exclude)
         self.stats = RolloutStats()
+        self.batch_transforms: list[Transform | None] = []  # of the last call's rows, in order
 
     def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
         if len(prompts) % self.g:
@@ -147,6 +163,12 @@ class ShardRollout:
         rows: list[dict] = []
         while len(rows) < len(prompts):
             group = self.source.next_group(self.wait_timeout)
+            if self.is_correction:
+                group, excluded = resolve_sampling(group, self.served_default_temperature)
+                for ep, n, why in excluded:
+                    self.stats.rows_excluded[why] += n
+                    log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
+                                group.group_id, group.shard, ep, n, why)
             if self.temperature is not None:
                 check_rows(group.rows, self.temperature, self.served_default_temperature,
                            f"group {group.group_id} of {group.shard}")
@@ -162,10 +184,11 @@ class ShardRollout:
             self.stats.rows_trimmed += len(group.rows) - n_real
             self.stats.groups += 1
             self.stats.landing_latency.append(time.time() - group.landed_at)
-            cur, v = self.source.current_version, group.version
-            if cur is not None and v is not None:
-                self.stats.policy_lag.append(cur - v)
+            lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
+            if lag is not None:
+                self.stats.policy_lag.append(lag)
             rows += fitted
+        self.batch_transforms = [r["transform"] for r in rows]
         return rows_to_columns(rows)
 
 
@@ -202,7 +225,8 @@ class PolarGRPOTrainer(GRPOTrainer):
         if served_t is None:
             served_t = generation_default(model)
         self.shard_rollout = ShardRollout(source, args.num_generations, args.group_size_policy,
-                                          args.shard_wait_timeout, args.temperature, served_t)
+                                          args.shard_wait_timeout, args.temperature, served_t,
+                                          is_correction=args.vllm_importance_sampling_correction)
         self.polar_is_stats: dict[str, float] = {}
         callbacks = [ShardCursorCallback(source), *(callbacks or [])]
         if args.sync_server:
@@ -248,9 +272,12 @@ class PolarGRPOTrainer(GRPOTrainer):
         mask = output["completion_mask"]
         if "tool_mask" in output:
             mask = mask * output["tool_mask"]
-        old = output.get("old_per_token_logps")
-        if old is None:
-            old = self._policy_logps(output)
+        old = self._old_policy_logps(output, self.shard_rollout.batch_transforms)
+        outside = (torch.isinf(old) & mask.bool()).sum().item()
+        metrics["polar/is_tokens_outside_kept_set"].append(outside)
+        if outside:
+            log.warning("%d sampled tokens fall outside the kept set of the transform their rows record (ratio 0 "
+                        "for them): the recorded sampling parameters are not the ones the server applied", outside)
         args = self.args
         ratio, stats = is_ratio(old, behaviour, mask, args.vllm_importance_sampling_mode,
                                 args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
@@ -266,6 +293,35 @@ class PolarGRPOTrainer(GRPOTrainer):
                 metrics[f"sampling/sampling_logp_difference/{k.removeprefix('logp_diff_')}"].append(v)
             else:
                 metrics[f"sampling/importance_sampling_ratio/{k}"].append(v)
+
+    @torch.no_grad()
+    def _old_policy_logps(self, output: dict, transforms: list[Transform]) -> torch.Tensor:
+        """The hook: log pi_old of each completion token (B, T) under the transform the server's logprobs
+        for that row reflect (``transforms``, one per row, in rollout order). Positions outside the
+        completion mask are 0 (the ratio ignores them)."""
+        completion = output["completion_ids"]
+        b, t = completion.shape
+        if len(transforms) != b or any(x is None for x in transforms):
+            raise RuntimeError(f"{len(transforms)} row transforms for {b} rows: the rollout and the batch disagree")
+        if not any(x.truncates for x in transforms) and all(
+                abs(x.temperature - self.temperature) < 1e-6 for x in transforms):
+            old = output.get("old_per_token_logps")  # TRL's full softmax at `temperature` is the transform
+            return old if old is not None else self._policy_logps(output)
+        ids = torch.cat([output["prompt_ids"], completion], dim=1)
+        attn = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        out = torch.zeros(b, t, dtype=torch.float32, device=completion.device)
+        bs = self.args.per_device_train_batch_size
+        for s in range(0, b, bs):
+            # As TRL's _get_per_token_logps_and_entropies: the logits that predict each completion token.
+            logits = self.model(input_ids=ids[s:s + bs], attention_mask=attn[s:s + bs],
+                                logits_to_keep=t + 1).logits[:, :-1][:, -t:]
+            for j in range(logits.size(0)):
+                pos = mask[s + j].nonzero().squeeze(-1)
+                if pos.numel():
+                    out[s + j, pos] = token_logprobs(logits[j, pos], completion[s + j, pos], transforms[s + j])
+            del logits
+        return out
 
     @torch.no_grad()
     def _policy_logps(self, output: dict) -> torch.Tensor:
@@ -285,6 +341,7 @@ class PolarGRPOTrainer(GRPOTrainer):
         metrics["polar/groups_total"].append(st.groups)
         metrics["polar/rows_padded_total"].append(st.rows_padded)
         metrics["polar/groups_skipped_total"].append(sum(st.skipped.values()))
+        metrics["polar/rows_excluded_sampling_total"].append(sum(st.rows_excluded.values()))
         metrics["polar/groups_dropped_total"].append(sum(src.dropped.values()))
         if st.landing_latency:
             metrics["polar/landing_to_batch_s"].append(sum(st.landing_latency) / len(st.landing_latency))

@@ -23,12 +23,20 @@ Groups whose row count differs from G (choice documented in the README and in Po
   two episodes fit is skipped (no baseline to compare against).
 - policy "skip": any group whose row count is not exactly G is skipped.
 Every skip and pad is counted and logged.
+
+Sampling (with importance-sampling correction on; trainer/sampling.py): every row's transform (the
+distribution its recorded logprobs reflect) is resolved from its columns by ``resolve_sampling``,
+which refuses raw/unknown logprob modes (LogprobsModeError) and excludes whole episodes containing a
+row the trainer cannot reproduce (``sampling_unsupported``, unknown top_k/top_p/min_p), with the
+reason; the rest of the group is fitted as above. Each TRL row carries its transform (``transform``,
+not forwarded to TRL: ShardRollout hands the list to the trainer's old-policy hook, in rollout order).
 """
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from trainer.sampling import row_transform
 from trainer.shard_source import Group
 
 POLICIES = ("pad", "skip")
@@ -50,6 +58,7 @@ def segment_row(row: dict) -> dict:
         "segment": int(row["segment"]),
         "weight_version": row.get("weight_version"),
         "polar_pad": False,
+        "transform": row.get("polar_transform"),  # set by resolve_sampling; None without IS correction
     }
 
 
@@ -83,12 +92,29 @@ def fit_group(group: Group, g: int, policy: str = "pad") -> tuple[list[dict] | N
     return kept + [pad_row(kept[0]) for _ in range(g - len(kept))], note
 
 
+def resolve_sampling(group: Group, served_default_temperature: float) -> tuple[Group, list[tuple[str, int, str]]]:
+    """The group without the episodes the trainer cannot reproduce, every kept row carrying its
+    transform (``polar_transform``), and [(episode_id, rows excluded, reason)]. Raises
+    LogprobsModeError (trainer/sampling.py) for a raw or unknown logprob mode."""
+    reasons: dict[str, str] = {}
+    rows = []
+    for i, r in enumerate(group.rows):
+        t, why = row_transform(r, served_default_temperature, f"{group.shard} group {group.group_id} row {i}")
+        if t is None:
+            reasons.setdefault(r["episode_id"], why)
+        rows.append({**r, "polar_transform": t})
+    kept = [r for r in rows if r["episode_id"] not in reasons]
+    excluded = [(ep, sum(r["episode_id"] == ep for r in rows), why) for ep, why in reasons.items()]
+    return replace(group, rows=kept), excluded
+
+
 @dataclass
 class RolloutStats:
     groups: int = 0
     rows_padded: int = 0
     rows_trimmed: int = 0
     skipped: Counter = field(default_factory=Counter)
+    rows_excluded: Counter = field(default_factory=Counter)  # by reason: sampling the trainer cannot reproduce
     # Per batch, reset by the trainer when it logs them.
     landing_latency: list[float] = field(default_factory=list)
     policy_lag: list[float] = field(default_factory=list)

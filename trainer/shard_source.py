@@ -19,15 +19,19 @@ dropped by a filter: the trainer pulls groups only when it starts a generation b
 checkpoint every handed-out group has been trained (see grpo.py for the save_steps check).
 Restoring the cursor re-queues every other shard, so a restart neither repeats nor skips a group.
 
-Weight versions: polar-serve names its weights with a reload counter, an integer sent as a
-string (start it with ``--weight-version 0``; each ``/polar/reload`` answers the next integer). Versions compare as those
-integers. A group's version is the OLDEST of its rows' versions (each row already carries the
-oldest version among its calls). The lag of a group is ``current - version``, where current is
-the newest version known: the one the last weight sync returned (``set_current_version``) or the
-newest seen in the data, whichever is larger. With ``max_policy_lag`` set, groups whose lag
-exceeds it are dropped, and so are groups with an unknown version (a null or non-integer
-``weight_version`` on any row): their staleness cannot be bounded. Every drop is counted by
-reason and logged.
+Weight versions are opaque strings (SGLang's and vLLM's ``"default"``, the trainer's
+``step-000012``, polar-serve's reload counters). Their order is the sync history the source learns:
+the weight-sync callback tells it the server's version when training starts (position 0) and each
+new version a sync returns (``set_current_version``). The lag of a version is how many syncs it is
+behind the newest: ``position(current) - position(version)``. Two versions outside the history
+that are both decimal integers (polar-serve's reload counters, when nothing told the source the
+history) compare as integers, and without any history the newest integer in the data is current.
+A group's lag is the largest lag of its rows (each row carries the oldest version among its
+calls). With ``max_policy_lag`` set, a group is dropped when its lag exceeds it (``policy_lag``),
+when a row's version is null, an ``unknown:`` marker or outside the order (``unknown_version``:
+its staleness cannot be bounded), or when a row's call was in flight across a sync (``spans:``
+marker, polar_recon/weight_versions.py: ``spans_versions``). Every drop is counted by reason and
+logged.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from polar_recon.shard_files import shard_seq
+from polar_recon.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ REQUIRED_COLUMNS = (
     "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
 )
 OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy",
-                    "temperature")
+                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
 
 
 class ShardFormatError(ValueError):
@@ -67,11 +72,59 @@ class NoShardsError(TimeoutError):
 
 
 def parse_version(v: Any) -> int | None:
-    """polar-serve weight versions are reload counters sent as strings; None when unknown."""
+    """A version that is a decimal integer (polar-serve's reload counter) as that integer, else None."""
     if v is None:
         return None
     s = str(v).strip()
     return int(s) if s.isdigit() else None
+
+
+class VersionOrder:
+    """The order of weight versions: the sync history (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.history: list[str] = []
+        self._position: dict[str, int] = {}
+        self.newest_counter: int | None = None  # the newest integer version seen in the data
+
+    def learn(self, version: str) -> None:
+        """The server now serves ``version`` (the initial one, or what a sync returned)."""
+        if self.history and self.history[-1] == version:
+            return
+        self._position.setdefault(version, len(self.history))
+        self.history.append(version)
+
+    def saw(self, version: str | None) -> None:
+        n = parse_version(version)
+        if n is not None and (self.newest_counter is None or n > self.newest_counter):
+            self.newest_counter = n
+
+    @property
+    def current(self) -> str | None:
+        if self.history:
+            return self.history[-1]
+        return None if self.newest_counter is None else str(self.newest_counter)
+
+    @property
+    def position(self) -> int | None:
+        """The current version's place: its index in the history, or (no history) the newest counter."""
+        return len(self.history) - 1 if self.history else self.newest_counter
+
+    def lag(self, version: str | None) -> tuple[int | None, str]:
+        """(syncs behind current, "") or (None, the drop category: unknown_version | spans_versions)."""
+        if version is None or version.startswith(UNKNOWN_PREFIX):
+            return None, "unknown_version"
+        if version.startswith(SPAN_PREFIX):
+            return None, "spans_versions"
+        cur = self.current
+        if cur is None:
+            return None, "unknown_version"
+        if version in self._position and cur in self._position:
+            return len(self.history) - 1 - self._position[version], ""
+        a, b = parse_version(cur), parse_version(version)
+        if a is not None and b is not None and version not in self._position:
+            return a - b, ""
+        return None, "unknown_version"
 
 
 @dataclass
@@ -116,9 +169,9 @@ class Group:
     landed_at: float  # when the source first saw the shard (time.time())
 
     @property
-    def version(self) -> int | None:
-        vs = [parse_version(r.get("weight_version")) for r in self.rows]
-        return None if any(v is None for v in vs) else min(vs)
+    def versions(self) -> list[str | None]:
+        """The distinct weight versions of the group's rows, in row order."""
+        return list(dict.fromkeys(r.get("weight_version") for r in self.rows))
 
     @property
     def episodes(self) -> list[str]:
@@ -201,8 +254,7 @@ class ShardSource:
         self.max_policy_lag = max_policy_lag
         self.drop_incomplete = drop_incomplete
         self.stats = SourceStats()
-        self._synced_version: int | None = None
-        self._seen_version: int | None = None
+        self.versions = VersionOrder()
         self.restore(cursor or ShardCursor())
 
     # -- cursor ---------------------------------------------------------------------------------
@@ -226,14 +278,23 @@ class ShardSource:
 
     # -- versions -------------------------------------------------------------------------------
     def set_current_version(self, version: int | str | None) -> None:
-        v = parse_version(version)
-        if v is not None:
-            self._synced_version = v
+        """The server serves ``version`` now: the initial one, then what each sync returned."""
+        if version is not None:
+            self.versions.learn(str(version))
 
     @property
     def current_version(self) -> int | None:
-        vs = [v for v in (self._synced_version, self._seen_version) if v is not None]
-        return max(vs) if vs else None
+        """The current version's position in the sync history (a metric; see VersionOrder)."""
+        return self.versions.position
+
+    @property
+    def current_version_name(self) -> str | None:
+        return self.versions.current
+
+    def lag_of(self, group: Group) -> int | None:
+        """How many syncs the group's oldest row is behind the current version; None: unknown."""
+        lags = [self.versions.lag(v)[0] for v in group.versions]
+        return None if any(x is None for x in lags) else max(lags)
 
     def drop_reason(self, group: Group) -> tuple[str, str] | None:
         """(category, detail) when the group must be dropped, else None."""
@@ -241,11 +302,19 @@ class ShardSource:
             return "incomplete", "group timed out in recon (group_complete=false)"
         if self.max_policy_lag is None:
             return None
-        v, cur = group.version, self.current_version
-        if v is None:
-            return "unknown_version", "a row has a null or non-integer weight_version"
-        if cur is not None and cur - v > self.max_policy_lag:
-            return "policy_lag", f"weight_version {v} is {cur - v} behind {cur} > max_policy_lag {self.max_policy_lag}"
+        cur, worst = self.versions.current, None
+        for v in group.versions:
+            lag, why = self.versions.lag(v)
+            if lag is None:
+                detail = (f"a row's call spans a weight sync (weight_version {v!r})" if why == "spans_versions" else
+                          f"weight_version {v!r} has no place in the sync history {self.versions.history[-5:]} "
+                          f"(current {cur!r}): its lag cannot be bounded")
+                return why, detail
+            if worst is None or lag > worst[0]:
+                worst = (lag, v)
+        if worst is not None and worst[0] > self.max_policy_lag:
+            return "policy_lag", (f"weight_version {worst[1]!r} is {worst[0]} syncs behind {cur!r} > max_policy_lag "
+                                  f"{self.max_policy_lag}")
         return None
 
     # -- reading --------------------------------------------------------------------------------
@@ -273,10 +342,8 @@ class ShardSource:
             self.stats.load_seconds += time.perf_counter() - t0
         self.stats.shards_read += 1
         for g in groups:
-            for r in g.rows:
-                v = parse_version(r.get("weight_version"))
-                if v is not None and (self._seen_version is None or v > self._seen_version):
-                    self._seen_version = v
+            for v in g.versions:
+                self.versions.saw(v)
         return groups
 
     def _finish_if_exhausted(self) -> None:

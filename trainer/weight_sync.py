@@ -1,16 +1,27 @@
 """Push the policy to the inference server every N optimizer steps (a TrainerCallback).
 
-Two targets:
+Three targets:
+- ``proxy`` (any server behind the capture proxy): save the full model + tokenizer to
+  ``SYNC_DIR/step-NNNNNN`` and ``POST {proxy}/polar/@weights {"path": DIR, "version": "step-NNNNNN"}``.
+  The proxy holds new model calls, lets the calls in flight finish, has the server load DIR by
+  its own API (real vLLM's RL routes, SGLang's ``/update_weights_from_disk``, polar-serve's
+  ``/polar/reload``; addon/weight_hold.py), records the version on every row and answers
+  ``{"weight_version": "step-NNNNNN", ...}``. DIR must be readable by the server at that path.
 - ``polar``: save the full model + tokenizer to ``SYNC_DIR/step-NNNNNN`` and
   ``POST {server}/polar/reload {"model": DIR}``; polar-serve answers ``{"weight_version": "<n>", ...}``
   (its reload counter, an integer as a string). The version goes to the ShardSource, which bounds
   staleness with it (see shard_source.py).
+- ``polar`` without the proxy in the way (polar-serve directly), as below.
 - ``vllm_lora``: save the PEFT adapter to ``SYNC_DIR/step-NNNNNN`` and
   ``POST {server}/v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR, "load_inplace": true}``
   (vLLM answers plain text; ``load_inplace`` replaces the adapter under the same name so the harness
   keeps calling one model name). vLLM must run with ``--enable-lora`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. vLLM has no weight version for adapters; the callback
   counts syncs itself and reports that count.
+
+When training starts the callback reads the server's current version (the proxy's ``GET
+/polar/@weights``, polar-serve's ``GET /polar/weight_version``; ``"0"`` for vllm_lora) and tells
+the ShardSource, whose sync history orders the versions (position 0; see shard_source.py).
 
 Directories are written under a temporary name and renamed, so the server never reads a half-written
 model; the newest ``keep`` directories stay (the server may still be reading the previous one).
@@ -58,15 +69,28 @@ def post_json(url: str, body: dict, *, timeout: float = 120.0, api_key: str | No
     raise WeightSyncError(f"POST {url} failed after {retries + 1} tries: {last}")
 
 
-def parse_reload_response(body: bytes) -> str:
+def parse_reload_response(body: bytes, what: str = "/polar/reload") -> str:
     try:
         d = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise WeightSyncError(f"/polar/reload answered non-JSON: {body[:200]!r}") from None
+        raise WeightSyncError(f"{what} answered non-JSON: {body[:200]!r}") from None
     v = d.get("weight_version") if isinstance(d, dict) else None
     if v is None:
-        raise WeightSyncError(f"/polar/reload answer has no weight_version: {d!r}"[:500])
+        raise WeightSyncError(f"{what} answer has no weight_version: {d!r}"[:500])
     return str(v)
+
+
+def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+        d = json.loads(r.read())
+    if not isinstance(d, dict):
+        raise WeightSyncError(f"GET {url} answered {d!r}"[:300])
+    return d
+
+
+MODES = ("polar", "proxy", "vllm_lora")
+PROXY_SYNC_PATH = "/polar/@weights"  # addon/weight_hold.py (the trainer does not import the addon)
 
 
 def save_policy(model, tokenizer, out: Path) -> Path:
@@ -85,8 +109,8 @@ class WeightSyncCallback(TrainerCallback):
     def __init__(self, server: str, *, every_steps: int = 1, save_dir: str | Path, mode: str = "polar",
                  lora_name: str = "polar", keep: int = 2, source=None, api_key: str | None = None,
                  timeout: float = 120.0):
-        if mode not in ("polar", "vllm_lora"):
-            raise ValueError(f"weight sync mode {mode!r} not in ('polar', 'vllm_lora')")
+        if mode not in MODES:
+            raise ValueError(f"weight sync mode {mode!r} not in {MODES}")
         if every_steps < 1 or keep < 1:
             raise ValueError("every_steps and keep must be >= 1")
         self.server = server.rstrip("/")
@@ -108,6 +132,25 @@ class WeightSyncCallback(TrainerCallback):
                    keep=args.sync_keep, source=source, api_key=os.environ.get("POLAR_SYNC_API_KEY"),
                    save_dir=args.sync_dir or Path(args.output_dir) / "polar-weights")
 
+    def initial_version(self) -> str | None:
+        """The version the server serves before the first sync (None: it could not be read)."""
+        if self.mode == "vllm_lora":
+            return "0"  # (vLLM names no adapter versions: the callback counts syncs from 0)
+        url = self.server + (PROXY_SYNC_PATH if self.mode == "proxy" else "/polar/weight_version")
+        try:
+            v = get_json(url, timeout=self.timeout, api_key=self.api_key).get("weight_version")
+        except Exception as exc:  # noqa: BLE001 - training can start; the lag of old rows stays unknown
+            log.warning("could not read the served weight version from %s: %s; rows of the initial weights "
+                        "have no place in the sync history (dropped under max_policy_lag)", url, exc)
+            return None
+        return None if v is None else str(v)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.source is not None:
+            v = self.initial_version()
+            if v is not None:
+                self.source.set_current_version(v)
+
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if state.global_step % self.every == 0 and state.is_world_process_zero:
             self.sync(model, processing_class, state.global_step)
@@ -117,10 +160,17 @@ class WeightSyncCallback(TrainerCallback):
         is_peft = hasattr(model, "peft_config")
         if self.mode == "vllm_lora" and not is_peft:
             raise WeightSyncError("sync_mode=vllm_lora needs a PEFT (LoRA) model; this one is a full model")
+        if self.mode in ("polar", "proxy") and is_peft:  # servers load plain HF directories here
+            raise WeightSyncError(f"sync_mode={self.mode} with a PEFT model: merge the adapter first or use vllm_lora")
         out = save_policy(model, tokenizer, self.save_dir / f"step-{step:06d}")
-        if self.mode == "polar":
-            if is_peft:  # polar-serve loads plain HF directories: merge the adapter into a copy
-                raise WeightSyncError("sync_mode=polar with a PEFT model: merge the adapter first or use vllm_lora")
+        if self.mode == "proxy":
+            want = out.name  # step-NNNNNN: the version every row generated by these weights carries
+            _, body = post_json(f"{self.server}{PROXY_SYNC_PATH}", {"path": str(out), "version": want},
+                                timeout=self.timeout, api_key=self.api_key, retries=0)
+            version = parse_reload_response(body, PROXY_SYNC_PATH)
+            if version != want:
+                raise WeightSyncError(f"the proxy answered weight_version {version!r}, not {want!r}")
+        elif self.mode == "polar":
             _, body = post_json(f"{self.server}/polar/reload", {"model": str(out)}, timeout=self.timeout,
                                 api_key=self.api_key)
             version = parse_reload_response(body)

@@ -403,13 +403,15 @@ def test_auxiliary_calls_between_agent_calls_are_left_out_of_the_shards(tmp_path
             assert not any(ids[k:k + len(aux_ids)] == aux_ids for k in range(len(ids)))
 
 
-def test_shards_carry_the_requested_sampling_temperature(tmp_path):
-    """The trainer must compute logprobs at the server's sampling temperature: each row says what
-    the requests asked for (null: nothing, the server's generation_config default applied)."""
-    from polar_recon.episodes import request_temperature
+def test_shards_carry_the_sampling_the_server_applied(tmp_path):
+    """The trainer must compute logprobs under the server's sampling transform: each row carries the
+    calls' sampling columns (log schema v3). A log whose rows have none (the proxy could not know,
+    or a v2 log) falls back to what the request set; calls that differ give null plus a reason."""
+    from polar_recon.sampling import MIXED, request_params
 
     logdir = tmp_path / "logs"
     logdir.mkdir()
+    qwen = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "logprobs_mode": "processed"}
 
     def at(t):
         def run_(c):
@@ -419,22 +421,29 @@ def test_shards_carry_the_requested_sampling_temperature(tmp_path):
         return run_
 
     def mixed(c):
-        c.sampling = {"temperature": 0.7}
+        c.log_fields = dict(qwen)
         c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
-        c.sampling = {"temperature": 1.0}
+        c.log_fields = dict(qwen, temperature=1.0, sampling_unsupported="presence_penalty=0.5")
         c.call(L.Sample("Done.", "Done.", []))
     L.episode(logdir, "warm", at(0.7), harness="tidy")
     L.episode(logdir, "default", at(None), harness="tidy")
     L.episode(logdir, "greedy", at(0), harness="tidy")
     L.episode(logdir, "mixed", mixed, harness="tidy")
+    L.episode(logdir, "recorded", simple, harness="tidy", log_fields=qwen)
     rep = build(logdir, tmp_path / "out", Options())
-    assert sorted(rep.built) == ["default", "greedy", "warm"]
-    assert [(p, m) for p, m in rep.errors if "mixed" in p and "different temperatures" in m
-            and "call 0: 0.7" in m and "call 1: 1.0" in m]
+    assert sorted(rep.built) == ["default", "greedy", "mixed", "recorded", "warm"], rep.errors
     df = read_shards(tmp_path / "out")
-    got = dict(zip(df["episode_id"], df["temperature"]))
-    assert got == {"warm": 0.7, "default": None, "greedy": 0.0}
+    cols = ["temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported"]
+    got = {r["episode_id"]: tuple(r[c] for c in cols) for r in df.iter_rows(named=True)}
+    assert got == {
+        "warm": (0.7, 0.9, None, None, None, None),  # from the request; unset ones unknown
+        "default": (None, None, None, None, None, None),
+        "greedy": (0.0, 1.0, -1, 0.0, None, None),  # greedy: the truncations are moot
+        "mixed": (None, 0.95, 20, 0.0, "processed", f"presence_penalty=0.5; {MIXED}"),
+        "recorded": (0.6, 0.95, 20, 0.0, "processed", None),
+    }
     # only the top-level field counts; a message that talks about temperature is not a setting
-    assert request_temperature(json.dumps({"messages": [{"content": '"temperature": 3'}]})) is None
-    assert request_temperature(json.dumps({"temperature": 1, "messages": []})) == 1.0
-    assert request_temperature(None) is None
+    assert request_params(json.dumps({"messages": [{"content": '"temperature": 3'}]}))["temperature"] is None
+    assert request_params(json.dumps({"temperature": 1, "top_k": 0, "messages": []})) == {
+        "temperature": 1.0, "top_p": None, "top_k": -1, "min_p": None}
+    assert request_params(None)["temperature"] is None

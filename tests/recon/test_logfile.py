@@ -134,3 +134,57 @@ def test_prepared_request_delta_is_used_only_against_its_own_base(tmp_path):
     w.append_call(call_index=3, prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], request=reqs[3],
                   prepared_request=wrong)
     assert read_log(tmp_path / "p.arrow")["request"].to_list() == reqs
+
+
+def _as_v2_stream(table) -> bytes:
+    """The same rows as a schema-v2 proxy wrote them: without the sampling columns."""
+    import pyarrow as pa
+
+    from polar_recon.logschema import SAMPLING_COLUMNS
+
+    old = table.drop_columns(list(SAMPLING_COLUMNS))
+    old = old.replace_schema_metadata({b"polar.log.schema_version": b"2"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old.schema) as w:
+        for b in old.to_batches(max_chunksize=1):
+            w.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def test_sampling_columns_roundtrip_and_v2_logs_read_them_as_null(tmp_path):
+    """Schema v3 rows carry the sampling columns; a v2 log (an older proxy) still reads, in every
+    reader, with those columns null (unknown), and a v3 writer can append to it after a restart."""
+    from polar_recon.episodes import read_calls, read_head
+    from polar_recon.logtable import read_table
+
+    p = tmp_path / "ep.arrow"
+    w = EpisodeWriter(p, "ep")
+    sampling = dict(temperature=0.6, top_p=0.95, top_k=20, min_p=0.0, logprobs_mode="processed",
+                    sampling_unsupported="logit_bias")
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2, 3], completion_ids=[4], completion_logprobs=[-1.0],
+                  api="chat", request='{"temperature": 0.7, "messages": []}', **sampling)
+    w.close()
+    df = read_log(p)
+    assert {k: df[k][0] for k in sampling} == sampling
+    assert {k: read_calls(p).calls[0].info[k] for k in sampling} == sampling
+
+    table, _ = read_table(p)
+    v2 = tmp_path / "old.arrow"
+    v2.write_bytes(_as_v2_stream(table))
+    df = read_log(v2)
+    assert df["prompt_ids"].to_list() == [[1, 2, 3]]
+    assert all(df[k][0] is None for k in sampling)
+    info = read_calls(v2).calls[0].info
+    # reconstruction falls back to what the request set (the server applied it); the rest is unknown
+    assert info["temperature"] == 0.7 and all(info[k] is None for k in sampling if k != "temperature")
+    w = EpisodeWriter(v2, "old")  # a restarted (v3) proxy appends to the v2 log
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2, 3, 4, 5], completion_ids=[6],
+                  completion_logprobs=[-0.5], api="chat", **sampling)
+    w.end(1.0)
+    df = read_log(v2)
+    assert df["prompt_ids"].to_list() == [[1, 2, 3], [1, 2, 3, 4, 5]]
+    assert df["top_k"].to_list() == [None, 20]
+    assert read_head(v2).finished
+    (tmp_path / "oldend.arrow").write_bytes(_as_v2_stream(read_table(v2)[0].slice(0, 1))
+                                            + _as_v2_stream(read_table(v2)[0].slice(2, 1)))
+    assert read_head(tmp_path / "oldend.arrow").finished  # the end record is read from a v2 stream too

@@ -13,6 +13,9 @@ from tests.trainer.shardkit import row, synthetic_seq, write_shard
 from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
 from trainer.shard_source import CURSOR_FILE
 
+# Rows sampled at temperature 1 from the full softmax, processed logprobs (what Sampler() does).
+PLAIN = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "logprobs_mode": "processed"}
+
 
 class Recording(PolarGRPOTrainer):
     """Keeps a copy of every batch TRL built (before its shuffle), with the IS statistics."""
@@ -49,7 +52,8 @@ def real_groups(sampler, n_groups: int, tag: str, turns=(1, 2)) -> list[dict]:
     for g in range(n_groups):
         for e in range(2):
             seq = sampler.episode(f"{tag} task {g}: say something", turns=turns[e % len(turns)], n_tokens=5)
-            rows.append(row(seq, f"{tag}{g}-e{e}", f"{tag}{g}", reward=float(e == g % 2), group_size=2))
+            rows.append(row(seq, f"{tag}{g}-e{e}", f"{tag}{g}", reward=float(e == g % 2), group_size=2,
+                            **sampler.columns))
     return rows
 
 
@@ -180,7 +184,7 @@ def test_group_size_policy_pad_and_skip(tmp_path, tiny_dir):
 
 def test_checkpoint_cursor_and_resume(tmp_path, tiny_dir):
     p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
-    rows = [row(synthetic_seq(p, [300 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2)
+    rows = [row(synthetic_seq(p, [300 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2, **PLAIN)
             for g in range(6) for e in range(2)]
     write_shard(tmp_path / "shards", 1, rows[:6])
     write_shard(tmp_path / "shards", 2, rows[6:])
@@ -213,7 +217,7 @@ def test_train_grpo_script_and_resume(tmp_path, tiny_dir):
     from trainer.train_grpo import main
 
     p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
-    rows = [row(synthetic_seq(p, [500 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2)
+    rows = [row(synthetic_seq(p, [500 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2, **PLAIN)
             for g in range(6) for e in range(2)]
     write_shard(tmp_path / "shards", 1, rows)
     argv = ["--shards", str(tmp_path / "shards"), "--model", str(tiny_dir), "--output_dir", str(tmp_path / "ckpt"),

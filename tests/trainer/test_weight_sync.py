@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
-from tests.trainer.test_grpo_trainer import config, trainer
+from tests.trainer.test_grpo_trainer import PLAIN, config, trainer
 from trainer.weight_sync import WeightSyncCallback, WeightSyncError, parse_reload_response, post_json
 
 
@@ -35,7 +35,7 @@ def test_sync_to_real_polar_serve(tmp_path, tiny_dir):
     from tests.support import servers
     p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
     rows = [row(synthetic_seq(p, [400 + 10 * g + e, 9]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2,
-                weight_version="0") for g in range(4) for e in range(2)]
+                weight_version="0", **PLAIN) for g in range(4) for e in range(2)]
     write_shard(tmp_path / "shards", 1, rows)
     with servers.polar_serve(tiny_dir, "vllm", extra_args=["--weight-version", "0"]) as srv:
         assert http("GET", srv.base_url + "/polar/weight_version")["weight_version"] == "0"

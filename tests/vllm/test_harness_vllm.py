@@ -7,8 +7,10 @@ polar-serve's scripted mode) and passes its token ids as `vllm_xargs.polar_force
 them under the processor. Pi and Qwen Code speak chat completions, Codex the Responses API (the
 addon translates it to chat upstream). Each run must fix the task (reward 1.0), every captured call's completion ids
 must be exactly the ids the shim forced (the random model never produces them by itself), with the
-model's own (raw, unforced) logprobs, and polar-recon must build the shards. The session's vLLM
-(tests/conftest.py, `real_vllm`) loads the plugin through VLLM_EXTRA_ARGS / VLLM_ENV.
+model's own (raw, unforced) logprobs, and polar-recon must build the shards. The vLLM here is the
+module's stock one (tests/conftest.py, `stock_vllm`: vLLM's default raw_logprobs mode; in processed
+mode the forced tokens' logprobs would be the one-hot's 0.0), the plugin loaded through
+VLLM_EXTRA_ARGS / VLLM_ENV.
 """
 from __future__ import annotations
 
@@ -34,11 +36,11 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
 
 
 @pytest.fixture(scope="module")
-def shim(real_vllm, tiny_model, tmp_path_factory):
+def shim(stock_vllm, tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("forced")
     record = work / "forced.jsonl"
     record.touch()
-    with forced_replies(real_vllm.url, tiny_model, SCRIPT, record=record, log=work / "shim.log") as p:
+    with forced_replies(stock_vllm.url, tiny_model, SCRIPT, record=record, log=work / "shim.log") as p:
         p.record = record
         yield p
 
@@ -56,7 +58,7 @@ def post(url: str, body: dict) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def test_vllm_samples_the_forced_reply(shim, real_vllm):
+def test_vllm_samples_the_forced_reply(shim, stock_vllm):
     """Direct (no proxy): the answer's token ids are the forced ids, parsed by vLLM's own hermes
     tool parser and qwen3 reasoning parser; logprobs are the model's unforced ones; streams too."""
     body = {"model": VLLM_MODEL_NAME, "messages": [{"role": "user", "content": "Fix calc.py please."}],
@@ -87,15 +89,23 @@ def test_vllm_samples_the_forced_reply(shim, real_vllm):
     assert ids == records(shim)[-1]["ids"] == rec["ids"]
 
     # the processor leaves requests without the key alone: vLLM samples them (not the script's reply)
-    status, raw = post(real_vllm.url + "/v1/chat/completions", {**body, "max_tokens": 8, "seed": 1})
+    status, raw = post(stock_vllm.url + "/v1/chat/completions", {**body, "max_tokens": 8, "seed": 1})
     assert status == 200 and json.loads(raw)["choices"][0]["token_ids"] != rec["ids"][:8]
     # a malformed forced sequence is vLLM's 400 (ForcedReply.validate_params)
-    status, raw = post(real_vllm.url + "/v1/chat/completions", {**body, "vllm_xargs": {"polar_forced": ["x"]}})
+    status, raw = post(stock_vllm.url + "/v1/chat/completions", {**body, "vllm_xargs": {"polar_forced": ["x"]}})
     assert status == 400, raw[:500]
     # a script tool the request does not declare: 400 from the shim, as polar-serve answers it
     status, raw = post(shim.url + "/v1/chat/completions", {**body, "tools": [{**TOOLS[0], "function": {
         **TOOLS[0]["function"], "name": "other"}}]})
     assert status == 400 and b"declares tools" in raw
+
+
+def test_the_probe_says_raw_for_a_stock_vllm(stock_vllm):
+    """vLLM's default logprobs (raw_logprobs) are told apart from processed ones (the session's
+    server, tests/vllm/test_logprobs_mode.py) by the addon's probe."""
+    from addon.logprobs_probe import probe_upstream
+
+    assert probe_upstream(stock_vllm.url, VLLM_MODEL_NAME) == "raw"
 
 
 def one_task(tmp_path: Path, tag: str) -> Path:
@@ -109,7 +119,9 @@ def one_task(tmp_path: Path, tag: str) -> Path:
 @pytest.fixture(scope="module")
 def proxy(shim, tmp_path_factory):
     logdir = tmp_path_factory.mktemp("logs")
-    with capture_proxy(shim.url, logdir) as p:
+    # (the mode is known: the probe's own requests would be scripted by the shim and counted among
+    # the forced replies; test_the_probe_says_raw_for_a_stock_vllm probes this server directly)
+    with capture_proxy(shim.url, logdir, sets={"polar_logprobs_mode": "raw"}) as p:
         p.logdir = logdir
         yield p
 
@@ -147,6 +159,7 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
         assert r["status"] == 200
         assert r["prompt_ids"] and len(r["completion_logprobs"]) == len(r["completion_ids"])
         assert all(-30 < lp < -1 for lp in r["completion_logprobs"])  # the model's raw logprobs
+        assert r["logprobs_mode"] == "raw"
 
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])

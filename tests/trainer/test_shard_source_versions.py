@@ -1,0 +1,67 @@
+"""max_policy_lag with opaque string versions ordered by the sync history (SGLang's and vLLM's
+"default", the trainer's step names), and the rows that name no single version (spans / unknown)."""
+from __future__ import annotations
+
+from polar_recon.weight_versions import spanning, unknown
+from tests.trainer.shardkit import row, synthetic_seq, write_shard
+from trainer.shard_source import ShardSource, VersionOrder
+
+
+def group(name: str, versions: list[str | None]) -> list[dict]:
+    return [row(synthetic_seq([1, 2, 3], [100 + i, 200 + i]), f"{name}-e{i}", name, float(i),
+                group_size=len(versions), weight_version=v) for i, v in enumerate(versions)]
+
+
+def drain(src: ShardSource) -> list[str]:
+    out = []
+    while (g := src.try_next()) is not None:
+        out.append(g.group_id)
+    return out
+
+
+def test_string_versions_by_sync_history(tmp_path):
+    rows = (group("initial", ["default", "default"]) + group("s1", ["step-000001"] * 2)
+            + group("s2", ["step-000002"] * 2) + group("s3", ["step-000003"] * 2)
+            + group("mixed", ["step-000003", "step-000001"])  # the oldest row decides
+            + group("span", ["step-000003", spanning("step-000002", "step-000003")])
+            + group("unk", [unknown("a failed sync to step-000004 may have changed part of the weights")] * 2)
+            + group("null", [None, "step-000003"])
+            + group("stranger", ["step-999999"] * 2))  # never synced by this trainer
+    write_shard(tmp_path, 1, rows)
+    src = ShardSource(str(tmp_path), max_policy_lag=1)
+    for v in ("default", "step-000001", "step-000002", "step-000003"):  # what the callback tells it
+        src.set_current_version(v)
+    assert src.current_version == 3 and src.current_version_name == "step-000003"
+    assert drain(src) == ["s2", "s3"]
+    assert src.stats.dropped == {"policy_lag": 3, "spans_versions": 1, "unknown_version": 3}
+    # no lag bound: everything is trained, markers included
+    assert len(drain(ShardSource(str(tmp_path)))) == 9
+
+
+def test_lag_of_and_order():
+    o = VersionOrder()
+    assert o.lag("default") == (None, "unknown_version")  # no history: nothing can be bounded
+    o.learn("default")
+    o.learn("default")  # (a repeat of the current version is not a new sync)
+    o.learn("a")
+    o.learn("b")
+    assert o.history == ["default", "a", "b"] and o.position == 2
+    assert o.lag("default") == (2, "") and o.lag("b") == (0, "") and o.lag("zzz") == (None, "unknown_version")
+    assert o.lag(spanning("a", "b")) == (None, "spans_versions")
+    # polar-serve's integer counters outside any history still compare as integers
+    c = VersionOrder()
+    c.saw("3")
+    c.saw("5")
+    assert c.current == "5" and c.lag("3") == (2, "")
+    c.learn("7")
+    assert c.lag("5") == (2, "") and c.lag("step-1") == (None, "unknown_version")
+
+
+def test_trainer_sees_lag_by_history(tmp_path):
+    write_shard(tmp_path, 1, group("g", ["default", "x"]))
+    src = ShardSource(str(tmp_path))
+    src.set_current_version("default")
+    src.set_current_version("x")
+    src.set_current_version("y")
+    g = src.try_next()
+    assert src.lag_of(g) == 2  # the group's oldest row is two syncs behind
