@@ -13,7 +13,7 @@ import orjson
 
 from . import chat, completions
 from . import sampling as sampling_rules
-from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like, dumps_like_python, json_style
+from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
 from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
 from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
@@ -272,9 +272,12 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     try:
         obj = cache.loads(call.episode_id, body) if cache is not None else orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        call.errors.append(f"response is not JSON ({exc}); passed through")
-        call.response_text = body
-        return None
+        try:  # valid JSON orjson refuses (a lone surrogate escape): the json module reads it
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            call.errors.append(f"response is not JSON ({exc}); passed through")
+            call.response_text = body
+            return None
     if not isinstance(obj, dict):
         call.errors.append("response is not a JSON object; passed through")
         call.response_text = body
@@ -295,7 +298,7 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
             plan = call.plan
             out = dumps_faithful(body, lambda o: strip_response(plan, o))
         if out is None:
-            out = dumps_like(body)(obj)
+            out = dumps_like_safe(body, obj)
         call.response_text = out
         return out
     call.response_text = body

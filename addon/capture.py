@@ -105,6 +105,16 @@ def int32_array(ids: list) -> array | None:
     return out
 
 
+def dumps_like_safe(raw: bytes, obj: Any) -> bytes:
+    """``dumps_like(raw)(obj)``; where a lone surrogate (valid JSON, read by the json module)
+    cannot be written as UTF-8, it is written escaped, as the server wrote it."""
+    try:
+        return dumps_like(raw)(obj)
+    except UnicodeEncodeError:
+        item, kv, _ = json_style(raw)
+        return json.dumps(obj, ensure_ascii=True, separators=(item, kv), allow_nan=True).encode()
+
+
 class ChoiceAcc:
     __slots__ = ("ids", "lps", "lp_count_bad", "finish", "prompt", "seen_ids", "seen_lps", "bad")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_fast, dumps_like, dumps_like_python, json_style
+from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_fast, dumps_like_python, dumps_like_safe, json_style
 from .dialects import strip_response
 from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
@@ -179,7 +179,7 @@ class StreamFilter(_Base):
                 out = dumps_faithful(data, lambda o: strip_response(plan, o))
                 if out is not None:
                     return serialize_event(ev, out)
-        return serialize_event(ev, _dumps_like(data, obj))
+        return serialize_event(ev, dumps_like_safe(data, obj))
 
     mid_stream_error: Any = None
     def response_text(self) -> bytes:
@@ -231,9 +231,3 @@ class TranslatedStream(_Base):
     def response_text(self) -> bytes:
         return dumps_like_python(self.assembler.result())
 
-
-def _dumps_like(data: bytes, obj: Any) -> bytes:
-    try:
-        return dumps_like(data)(obj)
-    except UnicodeEncodeError:  # a lone surrogate (json.loads read it): write it escaped, as the server did
-        return json.dumps(obj, ensure_ascii=True, separators=json_style(data)[:2], allow_nan=True).encode()

@@ -151,3 +151,14 @@ def test_translated_stream_not_recorded_ends_in_the_apis_failure(path, failed, c
       b'"prompt_token_ids":[1]}\n\n')
     out = b"".join(t(b"data: [DONE]\n\n"))
     assert failed in out and b"disk full" in out and completed not in out
+
+
+def test_whole_answer_with_a_lone_surrogate_is_read_and_stripped():
+    c = _call(b'{"model":"m","messages":[]}')
+    body = (b'{"choices":[{"index":0,"message":{"content":"a\\ud800 \xc3\xa9"},"token_ids":[5],'
+            b'"logprobs":{"content":[{"logprob":-1}]}}],"prompt_token_ids":[1,2]}')
+    out = calls.finish_body(c, 200, body)
+    obj = orjson.loads(out.replace(b"\\ud800", b""))
+    assert obj["choices"][0]["token_ids"] is None and b"\\ud800" in out
+    (row,) = calls.rows(c, 1.0)
+    assert row["error"] is None and list(row["completion_ids"]) == [5]

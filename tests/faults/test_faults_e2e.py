@@ -176,6 +176,28 @@ def test_descriptors_bounded_under_ulimit(tmp_path):
         assert len(df) == (2 if i < 40 else 1) and df["error"].null_count() == len(df)
 
 
+def test_descriptors_exhausted_means_503_never_unrecorded(tmp_path):
+    """With the bound set above the process's own limit, opens fail (EMFILE): refused, not
+    forwarded unrecorded; every 200 has its row."""
+    logdir = tmp_path / "logs"
+    with scripted(tmp_path) as up, proxy(tmp_path, logdir, up.url, polar_max_open_logs=100000) as px:
+        resource.prlimit(px.pid, resource.RLIMIT_NOFILE, (_fds(px.pid) + 40, _fds(px.pid) + 40))
+        from .scripted_upstream import answer_header
+        h = {"content-type": "application/json", "x-answer": answer_header(ok_spec())}
+        statuses = {}
+        with httpx.Client(timeout=30) as c:
+            for _ in range(120):
+                e = ep()
+                r = c.post(px.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
+                           headers={**h, "x-polar-episode": e})
+                statuses[e] = r.status_code
+                assert r.status_code == 200 or (r.status_code == 503 and "could not record" in r.text), r.text
+    assert 503 in statuses.values() and 200 in statuses.values()
+    for e, st in statuses.items():
+        if st == 200:
+            assert len(read_log(log_of(logdir, e))) == 1
+
+
 # ---- 2. malformed 200 answers --------------------------------------------------------------------
 
 @pytest.mark.parametrize("ids", [[None], [1.5], [2**31], [2**40]])
