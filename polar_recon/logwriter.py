@@ -105,16 +105,20 @@ class EpisodeWriter:
         self._recover()
         self._open_stream(create=True)
 
-    def _open_stream(self, create: bool) -> None:
-        """Open the file and start a new IPC stream in it. Nothing stays open when this fails
-        (a failed open must not leak its descriptor: a full disk refuses the schema message)."""
+    def _open_stream(self, create: bool, fresh: bool = False) -> None:
+        """Open the file and start a new IPC stream in it (``fresh``: only in an empty file).
+        Nothing stays open when this fails (a failed open must not leak its descriptor: a full
+        disk refuses the schema message)."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0), 0o644)
         try:
             st = os.fstat(fd)
+            if fresh and st.st_size:
+                raise LogError(f"{self.path}: the episode's log was deleted while it was running, and "
+                               f"another file is there now (never appended to)")
             self._fd, self._size, self._ino = fd, st.st_size, st.st_ino
             self._append(_SCHEMA_MESSAGE)  # a new IPC stream (after the previous writer's, if any)
         except BaseException:
-            self._fd = None
+            self._fd, self._ino = None, 0  # (no stream started: a reopen must not continue one)
             os.close(fd)
             raise
 
@@ -229,9 +233,13 @@ class EpisodeWriter:
                 st = os.fstat(fd)
                 if st.st_ino != self._ino or st.st_size != self._size:
                     os.close(fd)
-                    raise LogError(f"{self.path}: the log file was replaced or changed by someone else "
-                                   f"while its writer was suspended")
-                self._fd, self._suspended = fd, False
+                    if st.st_size == 0:  # an empty file (a restart the full disk refused): ours to start
+                        self._restart("the log file was deleted while the episode was running")
+                    else:
+                        raise LogError(f"{self.path}: the log file was replaced or changed by someone else "
+                                       f"while its writer was suspended")
+                else:
+                    self._fd, self._suspended = fd, False
         elif os.fstat(self._fd).st_nlink == 0:
             self._restart("the log file (or its directory) was deleted while the episode was running")
         while self._marks:
@@ -248,12 +256,8 @@ class EpisodeWriter:
             self._fd = None
         self._suspended = True  # (a failed try is tried again at the next row)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._open_stream(create=True)
+        self._open_stream(create=True, fresh=True)
         self._suspended = False
-        if self._size > len(_SCHEMA_MESSAGE):  # another file is there now: never append to it
-            os.close(self._fd)
-            self._fd = None
-            raise LogError(f"{self.path}: {why}, and another file is there now")
         self._rows, self._recent, self._last_request = 0, [], b""
         self._marks.insert(0, (None, f"{why}: the {lost} call rows before this mark are lost"))
 

@@ -162,3 +162,33 @@ def test_whole_answer_with_a_lone_surrogate_is_read_and_stripped():
     assert obj["choices"][0]["token_ids"] is None and b"\\ud800" in out
     (row,) = calls.rows(c, 1.0)
     assert row["error"] is None and list(row["completion_ids"]) == [5]
+
+
+def test_writer_restart_refused_by_a_full_disk_recovers_later(tmp_path, monkeypatch):
+    p = tmp_path / "e.arrow"
+    w = EpisodeWriter(p, "e")
+    row = dict(prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-0.5])
+    w.append_call(call_index=0, **row)
+    os.unlink(p)
+    real = EpisodeWriter._append
+
+    def full(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EpisodeWriter, "_append", full)
+    with pytest.raises(OSError):
+        w.append_call(call_index=1, **row)  # the new file is created, its first bytes refused
+    assert p.exists() and p.stat().st_size == 0 and not w.is_open
+    monkeypatch.setattr(EpisodeWriter, "_append", real)
+    w.append_call(call_index=2, **row)
+    kinds = [b.to_pylist()[0]["kind"] for b in read_batches(p)[0]]
+    assert kinds == ["incomplete", "call"]
+    other = tmp_path / "o.arrow"  # a writer never appends to another file found at its path
+    w2 = EpisodeWriter(other, "o")
+    w2.append_call(call_index=0, **row)
+    os.unlink(other)
+    other.write_bytes(b"someone else's")
+    w2.suspend()
+    with pytest.raises(Exception, match="replaced or changed"):
+        w2.append_call(call_index=1, **row)
+    assert other.read_bytes() == b"someone else's"
