@@ -337,14 +337,17 @@ class PolarAddon:
         return f"{r.scheme}://{r.host}:{r.port}"
 
     async def _weights(self, base: str, authorization: str | None = None) -> UpstreamWeights:
-        """The upstream's gate, its kind and version learned at first contact."""
+        """The upstream's gate, its kind and version learned at first contact (asked again every
+        DETECT_RETRY_S while unknown)."""
         uw = self._weights_of.get(base)
-        if uw is not None:
+        if uw is not None and (uw.kind is not None or time.monotonic() < uw.detect_retry_at):
             return uw
         if self._weights_lock is None:
             self._weights_lock = asyncio.Lock()
         async with self._weights_lock:  # one probe per upstream, however many calls arrive at once
             uw = self._weights_of.get(base)
+            if uw is not None and uw.kind is None and time.monotonic() >= uw.detect_retry_at:
+                await uw.detect(ctx.options.polar_server_kind)
             if uw is None:
                 key = ctx.options.polar_server_api_key
                 auth = f"Bearer {key}" if key else authorization

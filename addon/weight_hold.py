@@ -39,6 +39,7 @@ log = logging.getLogger("polar")
 SYNC_PATH = "/polar/@weights"
 SYNC_LOG = "weight-syncs.jsonl"
 SYNC_BODY_KEYS = frozenset({"path", "version"})
+DETECT_RETRY_S = 30.0  # an upstream whose version could not be read is asked again after this
 
 # (method, url, json body or None, headers, timeout) -> (status, body)
 Http = Callable[[str, str, Any, dict, float], Awaitable[tuple[int, bytes]]]
@@ -105,6 +106,7 @@ class UpstreamWeights:
         # the path of each good sync.
         self.good_path: str | None = None
         self._recovery: dict | None = None  # the failed sync's attempt to load good_path again
+        self.detect_retry_at = 0.0  # (monotonic) when detect may run again while the kind is unknown
         self._changed = asyncio.Event()
 
     def _signal(self) -> None:
@@ -147,19 +149,21 @@ class UpstreamWeights:
         self._signal()
 
     # -- versions ---------------------------------------------------------------------------------
-    async def read_version(self, kind: str | None = None) -> str:
+    async def read_version(self, kind: str | None = None, timeout: float = 30.0) -> str:
         kind = kind or self.kind
-        status, body = await self.http("GET", self.base + VERSION_PATH[kind], None, self.headers, 30.0)
+        status, body = await self.http("GET", self.base + VERSION_PATH[kind], None, self.headers, timeout)
         return parse_version_answer(kind, status, body)
 
     async def detect(self, kind_option: str) -> None:
         """Learn the server's kind (option, else the first version endpoint that answers) and its
-        current version. Unknown: both stay None and the reason is logged."""
+        current version. Unknown: both stay None, the reason is logged, and the proxy asks again
+        on a call after DETECT_RETRY_S (the server may not have been up yet)."""
         kinds = PROBE_ORDER if kind_option == "auto" else (kind_option,)
         reasons = []
+        self.detect_retry_at = time.monotonic() + DETECT_RETRY_S
         for k in kinds:
             try:
-                v = await self.read_version(k)
+                v = await self.read_version(k, timeout=5.0)
             except Exception as exc:  # noqa: BLE001 - each failure is one reason in the warning
                 reasons.append(f"{k}: {exc}"[:300])
                 continue

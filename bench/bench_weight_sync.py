@@ -29,11 +29,12 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness_recipes.cache import tiny_model
+from harness_recipes.stack import addon_script, mitmdump, serve, vllm
+from harness_recipes.weights import perturbed_copy
 
-from tests.addon.procs import mitmdump  # noqa: E402
-from tests.support.perturb import perturbed_copy  # noqa: E402
-from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
+# vLLM registers its RL and dev routes (/weight_info, /pause, /collective_rpc, ...) only with this
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def direct_load(kind: str, url: str, path: str, version: str) -> float:
@@ -93,7 +94,8 @@ def bench_server(kind: str, url: str, work: Path, paths: list[str], syncs: int, 
             p, v = next_version()
             res["direct"].append(direct_load(kind, url, p, v))
     sets = {"polar_dialect": "sglang" if kind == "sglang" else "vllm"}
-    with mitmdump(work, work / f"logs-{kind}", upstream=url, sets=sets) as px:
+    with mitmdump(upstream=url, logdir=work / f"logs-{kind}", addon=addon_script(), confdir=work / "mitmconf",
+                  sets=sets, log=work / f"mitmdump-{kind}.log", cwd=work) as px:
         call(px.url, model, 3)  # first contact: the proxy learns the version
         for _ in range(syncs):
             for _ in range(2):
@@ -128,7 +130,7 @@ def main() -> None:
     ap.add_argument("--busy-tokens", type=int, default=40, help="tokens of the call in flight during a busy sync")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-wsync-"))
-    orig = tiny_model_dir()
+    orig = tiny_model()
     paths = [str(orig), str(perturbed_copy(orig, work / "perturbed", scale=0.2))]
     rows = []
     with ExitStack() as stack:
@@ -136,12 +138,10 @@ def main() -> None:
             if kind == "vllm":
                 url = a.vllm_url
                 if url is None:
-                    from harness_recipes.stack import vllm
-                    from tests.conftest import VLLM_ENV, VLLM_EXTRA_ARGS, VLLM_MODEL_NAME
-                    url = stack.enter_context(vllm(orig, model_name=VLLM_MODEL_NAME, extra_args=VLLM_EXTRA_ARGS,
-                                                   env=VLLM_ENV, log=work / "vllm.log")).url
+                    url = stack.enter_context(vllm(orig, env=DEV_MODE, log=work / "vllm.log")).url
             else:
-                url = stack.enter_context(polar_serve(orig, "sglang" if kind == "sglang" else "vllm")).base_url
+                url = stack.enter_context(serve(orig, dialect="sglang" if kind == "sglang" else "vllm",
+                                                model_name=None, log=work / f"serve-{kind}.log")).base_url
             r = bench_server(kind, url, work, paths, a.syncs, a.busy_tokens)
             rows.append((kind, r))
             print(f"{kind}: {r}", file=sys.stderr, flush=True)

@@ -18,12 +18,16 @@ The task (learnable from a random model): the answer must contain a target word.
 decoded token that, before training, appears in about a third of the sampled answers (measured by
 calling polar-serve directly, outside the proxy, so calibration never reaches the training data).
 
-Sampling uses top_k (a random tiny model is near-uniform over 151936 tokens: without truncation no
-answer would ever contain the target). TRL's trainer log-probs are full-softmax, so pi/mu on a sampled
-token is the top-k mass (~1e-4 here) and the importance ratio would zero every advantage; the loop
-therefore trains with ``vllm_importance_sampling_correction=False``. The correction itself is proven
-by tests/trainer (same temperature, no truncation: ratio 1; shifted behaviour logprobs: the exact
-expected ratios and clips).
+Sampling: Qwen3's defaults, the way harnesses get them: the agent's requests set no sampling field
+(as Pi's), so the server applies the model's generation_config.json (the tiny Qwen3's: T=0.6, top_k=20,
+top_p=0.95; a random tiny model is near-uniform over 151936 tokens, so without truncation no answer
+would ever contain the target), and the proxy, given the model directory (``polar_generation_config``),
+records those values on every row; polar-serve reports processed logprobs (vllm dialect) or SGLang's
+scaled ones (sglang dialect). ``--temperature/--top-k/--top-p`` send explicit values instead.
+The trainer runs WITH the importance-sampling correction (TRL's default sequence_mask): its old-policy
+log-probs are taken under each row's recorded transform (trainer/sampling.py), so on-policy rows give
+ratio 1 where the full softmax would give each token its kept mass (~e^-6.5 here) and zero every
+advantage. ``--no-is-correction`` turns it off.
 """
 from __future__ import annotations
 
@@ -51,8 +55,11 @@ class LoopConfig:
     groups: int = 3  # groups per iteration (per training step)
     group_size: int = 4  # episodes per group = num_generations
     max_tokens: int = 4
-    temperature: float = 1.0
-    top_k: int = 10
+    # None: not sent; the server applies the model's generation_config.json (recorded by the proxy)
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    is_correction: bool = True  # TRL's vllm_importance_sampling_correction against the recorded logprobs
     learning_rate: float = 2e-2
     calibration_samples: int = 32
     target_fraction: float = 0.4
@@ -72,11 +79,13 @@ class LoopResult:
     syncs: list[dict] = field(default_factory=list)
     shards: int = 0
     seconds: float = 0.0
+    is_stats: list[dict] = field(default_factory=list)  # per step: the IS ratio's logged statistics
 
     def summary(self) -> str:
         return (f"target {self.target!r} (calibrated {self.calibration_fraction:.2f}); mean reward per iteration "
                 f"{[round(r, 2) for r in self.rewards]}; versions {self.versions}; {self.shards} shards; "
-                f"{len(self.syncs)} syncs; {self.seconds:.0f}s")
+                f"{len(self.syncs)} syncs; {self.seconds:.0f}s; IS ratio mean per step "
+                f"{[round(s.get('importance_sampling_ratio/mean', float('nan')), 4) for s in self.is_stats]}")
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -100,7 +109,7 @@ def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int
                                      extra_args=["--weight-version", "0", "--threads", "1"],
                                      log=work / "serve.log", timeout=timeout))
         proxy = es.enter_context(capture_proxy(srv.url, logdir, confdir=work / "mitmconf", log=work / "mitmdump.log",
-                                               timeout=timeout))
+                                               sets={"polar_generation_config": str(model_dir)}, timeout=timeout))
         if group_size is not None:
             es.enter_context(running(recon_cmd, log=work / "recon.log"))
         yield srv.url, proxy.url
@@ -113,8 +122,10 @@ def answer_text(resp: dict) -> str:
 
 
 def chat_body(cfg: LoopConfig, **extra) -> dict:
-    return {"messages": [{"role": "user", "content": cfg.prompt}], "max_tokens": cfg.max_tokens,
-            "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": 1.0, **extra}
+    sampling = {k: v for k, v in (("temperature", cfg.temperature), ("top_k", cfg.top_k), ("top_p", cfg.top_p))
+                if v is not None}
+    return {"messages": [{"role": "user", "content": cfg.prompt}], "max_tokens": cfg.max_tokens, **sampling,
+            **extra}
 
 
 def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
@@ -127,7 +138,9 @@ def calibrate(cfg: LoopConfig, serve_url: str, tokenizer) -> tuple[str, float]:
         ch = r["choices"][0]
         for t in set(ch.get("token_ids") or ch.get("response_token_ids") or []):  # vLLM | SGLang names
             s = tokenizer.decode([t]).strip()
-            if len(s) >= 2:  # short fragments match by accident
+            # short fragments match by accident; a partial UTF-8 sequence ("\ufffd") shows in the text or
+            # not depending on the next token, a reward the policy cannot learn
+            if len(s) >= 2 and "\ufffd" not in s:
                 cands[s] += 1
     if not cands:
         raise RuntimeError("calibration: no usable token in the sampled answers")
@@ -168,6 +181,7 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.sampling_temperature import generation_default
 
     t0 = time.monotonic()
     work = Path(cfg.workdir)
@@ -176,6 +190,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     if cfg.model_dir is None:
         cfg.model_dir = tiny_model()
     tok = AutoTokenizer.from_pretrained(str(cfg.model_dir))
+    # The trainer's logprob temperature is the one the server sampled at (checked on every group).
+    temperature = cfg.temperature if cfg.temperature is not None else generation_default(Path(cfg.model_dir))
     with stack(work, cfg.model_dir, cfg.dialect, group_size=cfg.group_size, timeout=cfg.timeout) as (serve_url,
                                                                                                   proxy_url):
         target, frac = calibrate(cfg, serve_url, tok)
@@ -187,10 +203,10 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
         args = PolarGRPOConfig(
             output_dir=str(work / "ckpt"), shards=str(out), max_steps=cfg.steps,
             per_device_train_batch_size=cfg.groups * cfg.group_size, num_generations=cfg.group_size,
-            learning_rate=cfg.learning_rate, temperature=cfg.temperature, beta=0.0, logging_steps=1, seed=cfg.seed,
+            learning_rate=cfg.learning_rate, temperature=temperature, beta=0.0, logging_steps=1, seed=cfg.seed,
             save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
             disable_tqdm=True, shard_poll_interval=0.1, shard_wait_timeout=cfg.timeout,
-            vllm_importance_sampling_correction=False, sync_server=serve_url, sync_steps=1, sync_keep=2,
+            vllm_importance_sampling_correction=cfg.is_correction, sync_server=serve_url, sync_steps=1, sync_keep=2,
             max_policy_lag=cfg.max_policy_lag)
         model = AutoModelForCausalLM.from_pretrained(str(cfg.model_dir), dtype=torch.float32)
         trainer = PolarGRPOTrainer(model=model, args=args, processing_class=tok)
@@ -207,6 +223,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
         sync = next(c for c in trainer.callback_handler.callbacks if isinstance(c, WeightSyncCallback))
         result.syncs = sync.syncs
         result.shards = trainer.shard_source.stats.shards_read
+        result.is_stats = [{k.removeprefix("sampling/"): v for k, v in h.items() if k.startswith("sampling/")}
+                           for h in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in h]
     result.seconds = time.monotonic() - t0
     return result
 
@@ -224,11 +242,16 @@ def main(argv=None):
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=None, help="sent explicitly (default: the model's)")
+    ap.add_argument("--top-k", type=int, default=None, help="sent explicitly (default: the model's)")
+    ap.add_argument("--top-p", type=float, default=None, help="sent explicitly (default: the model's)")
+    ap.add_argument("--no-is-correction", action="store_true", help="train without the IS correction")
     a = ap.parse_args(argv)
     import torch
     torch.set_num_threads(a.threads)
     r = run_closed_loop(LoopConfig(a.workdir, a.model, steps=a.steps, groups=a.groups, group_size=a.group_size,
-                                   learning_rate=a.lr, seed=a.seed,
+                                   learning_rate=a.lr, seed=a.seed, temperature=a.temperature, top_k=a.top_k,
+                                   top_p=a.top_p, is_correction=not a.no_is_correction,
                                    dialect=a.dialect, max_policy_lag=a.max_policy_lag))
     print(r.summary())
     return r

@@ -24,6 +24,7 @@ from .chat_render import RequestError, render_rules, render_text
 from .episodes import Call, Episode
 from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, Node, TurnMarkers, link_calls, segments
 from .sampling import combine
+from .weight_versions import is_marker
 
 STRATEGIES = ("token", "per-call", "retokenize")
 
@@ -66,14 +67,20 @@ def chain_sampling(calls: list[Call]) -> dict:
 
 
 def oldest_version(versions: list[str | None]) -> str | None:
-    """The oldest weight version: numeric order when all are numbers, else the first seen."""
-    vs = [v for v in versions if v is not None]
-    if not vs:
+    """The oldest weight version of a sequence's calls (in call order). A call that names no single
+    version (null: unknown; a ``spans:`` or ``unknown:`` marker, polar_recon/weight_versions.py)
+    gives the sequence that value: its staleness cannot be bounded, so the trainer must not read
+    the row as one version. Otherwise numeric order when all are numbers (polar-serve's reload
+    counters), else the first call's (calls come in order, and versions only move forward)."""
+    for v in versions:
+        if v is None or is_marker(v):
+            return v
+    if not versions:
         return None
     try:
-        return min(vs, key=float)
+        return min(versions, key=float)
     except ValueError:
-        return vs[0]
+        return versions[0]
 
 
 def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_realign: int) -> Sequence:

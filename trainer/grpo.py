@@ -31,8 +31,9 @@ ratio its kept mass and ``sequence_mask`` would drop every row. TRL's own loss l
 ratio are the same policy family, so it needs no truncation. When no row truncates, pi_old is TRL's
 ``old_per_token_logps`` if computed (misaligned steps), else one no-grad forward (what TRL does for
 its vLLM path). With the correction on, rows with raw or unknown logprob modes stop training with the
-fix (trainer/sampling.py FIX), and episodes the trainer cannot reproduce (``sampling_unsupported``,
-unknown truncation) are excluded, counted (``polar/rows_excluded_sampling_total``) and logged.
+fix (trainer/sampling.py FIX; raw rows of identity sampling, where raw is processed, excepted), and
+episodes the trainer cannot reproduce (``sampling_unsupported``, unknown truncation) are excluded,
+counted (``polar/rows_excluded_sampling_total``) and logged.
 
 Temperature: the trainer's logps divide the logits by ``temperature``; it must be the sampling
 temperature the server used, or the ratio measures the temperature, not the staleness. Shards

@@ -25,8 +25,14 @@ temperature 0.0) and what its logprobs are (``logprobs_mode``):
   the log-softmax of the unscaled logits (sampler.py:264-273, or a mixed batch's T -> 1.0 at :238).
 - ``scaled`` (SGLang 0.5.23's default, sglang/srt/layers/sampler.py :275 divides by the temperature
   and the logprobs are taken before top-k/top-p): log-softmax of ``logits / T``, no truncation;
-  greedy: unscaled (:220-221).
-- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; refused with the fix.
+  greedy: unscaled (:220-221). Both sides of the ratio are then the untruncated tempered softmax: exact
+  on-policy (ratio 1); off-policy it omits the ratio of the kept masses Z_old/Z_mu, which the server's
+  per-token scaled logprob does not carry (processed logprobs do).
+- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; refused with the fix. One
+  exception, because there raw IS processed: a raw row whose recorded sampling is the identity
+  (temperature 1 or greedy, top_k -1, top_p 1, min_p 0, nothing in ``sampling_unsupported``): no
+  temperature, mask or processor stands between the raw logits and the sampled distribution
+  (sampler.py:279-294 with T=1, k=V, p=1; the demo's forced-reply vLLM runs this way).
 
 Penalties, logit bias, bad words, allowed token ids, structured output and the like change the
 distribution in ways the row does not record; the proxy says so in ``sampling_unsupported`` and such
@@ -84,6 +90,8 @@ def row_transform(row: dict, served_default_temperature: float, where: str = "ro
     """(transform, "") for a row the trainer can reproduce, (None, reason) for one it must exclude.
     Raises LogprobsModeError for ``raw`` or unknown (null/absent) logprob modes."""
     mode = row.get("logprobs_mode")
+    if mode == "raw" and _identity(row, served_default_temperature):
+        return Transform(1.0), ""
     if mode not in LOGPROBS_MODES:
         what = ("raw logprobs (log-softmax of the unscaled, untruncated logits: stock vLLM's default)"
                 if mode == "raw" else "logprobs of an unknown mode (logprobs_mode is null: the proxy could not "
@@ -105,6 +113,14 @@ def row_transform(row: dict, served_default_temperature: float, where: str = "ro
         return None, f"unknown {'/'.join(missing)} (null: the proxy could not tell what the server applied)"
     k = int(row["top_k"])
     return Transform(t, k if k > 0 else -1, float(row["top_p"]), float(row["min_p"])), ""
+
+
+def _identity(row: dict, served_default_temperature: float) -> bool:
+    """The row's recorded sampling is the identity transform (so raw logprobs are the processed ones)."""
+    t = row.get("temperature")
+    return (t is not None and (float(t) == 1.0 or float(t) < GREEDY_BELOW) and not row.get("sampling_unsupported")
+            and (float(t) < GREEDY_BELOW or (row.get("top_k") is not None and int(row["top_k"]) <= 0
+                                             and row.get("top_p") == 1.0 and row.get("min_p") == 0.0)))
 
 
 def mask_logits_(z: torch.Tensor, t: Transform) -> torch.Tensor:

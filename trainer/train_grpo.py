@@ -8,8 +8,16 @@
 
 Every GRPOConfig / TrainingArguments flag works (TrlParser, YAML via --config). Set --temperature to the
 sampling temperature of the server, or the importance ratios compare different distributions: every
-group is checked (shards record the requested temperature; a request without one got the model's
-generation_config.json default, e.g. 0.6 for Qwen3) and a mismatch stops training with the value to pass.
+group is checked (shards record the temperature the server applied, e.g. 0.6 for Qwen3's
+generation_config.json) and a mismatch stops training with the value to pass.
+
+Importance sampling (on by default, TRL's ``vllm_importance_sampling_*`` flags): the old policy's
+log-probs are taken under each row's recorded sampling transform (temperature, then min_p/top_k/top_p
+in vLLM's order for ``processed`` logprobs; temperature only for SGLang's ``scaled``), so truncated
+sampling gives ratio 1 on-policy. Rows with ``raw`` or unknown logprobs stop training with the fix
+(``vllm serve ... --logprobs-mode processed_logprobs``); rows whose sampling cannot be reproduced
+(``sampling_unsupported``: penalties, logit_bias, ...) are excluded with their episode, counted and
+logged. ``--vllm_importance_sampling_correction false`` trains on any rows without the correction.
 """
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import uuid
 import httpx
 import pytest
 
+from harness_recipes.weights import perturbed_copy
 from polar_recon import read_log
 from polar_recon.weight_versions import spanning
-from tests.support.perturb import perturbed_copy
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .procs import mitmdump
@@ -190,3 +190,32 @@ def test_trainer_proxy_sync_mode(stack, tmp_path):
     assert info["weight_version"] == "step-000003"
     served = httpx.get(srv.base_url + ("/model_info" if dialect == "sglang" else "/polar/weight_version")).json()
     assert served["weight_version"] == "step-000003"
+
+
+def test_hold_timeout_answers_503_and_a_second_sync_409(stack):
+    """A call held longer than polar_sync_hold_max_ms gets a 503 naming the sync, is never sent to the
+    server, and its row records it; a sync asked for while one runs is refused with 409."""
+    dialect, srv, px, work, new, model = stack
+    logs = work / "logs-hold"
+    with mitmdump(work, logs, upstream=srv.base_url,
+                  sets={"polar_dialect": dialect, "polar_sync_hold_max_ms": "1"}) as px3:
+        e = "wh-" + uuid.uuid4().hex[:8]
+        plain_call(px3.url, chat(model, 2), e)
+        answer = {}
+        ts = threading.Thread(target=lambda: answer.update(r=httpx.post(
+            px3.url + "/polar/@weights", json={"path": str(new), "version": "step-3"}, timeout=300)))
+        ts.start()
+        while httpx.get(px3.url + "/polar/@weights").json()["state"] == "serving":
+            time.sleep(0.002)
+        second = httpx.post(px3.url + "/polar/@weights", json={"path": str(new), "version": "step-4"}, timeout=300)
+        r = httpx.post(px3.url + "/v1/chat/completions", json=chat(model, 2), headers={"x-polar-episode": e},
+                       timeout=300)
+        ts.join(300)
+        assert second.status_code == 409 and "already running" in second.json()["error"]["message"]
+        assert r.status_code == 503 and "step-3" in r.json()["error"]["message"], r.text
+        assert answer["r"].status_code == 200 and answer["r"].json()["weight_version"] == "step-3"
+        rows = read_log(logs / f"{e}.arrow").sort("call_index").to_dicts()
+        assert len(rows) == 2 and rows[1]["status"] == 503 and rows[1]["completion_ids"] is None
+        assert "polar_sync_hold_max_ms" in rows[1]["error"] and "step-3" in rows[1]["error"]
+        recs = [json.loads(x) for x in (logs / "weight-syncs.jsonl").read_text().splitlines()]
+        assert [x["target_version"] for x in recs] == ["step-3"]  # the refused one never started

@@ -370,7 +370,7 @@ def test_trainer_shard_source_reads_the_shards(tmp_path):
         groups.append(g)
     assert sorted(g.group_id for g in groups) == ["t1", "t2"]
     assert sorted(e for g in groups for e in g.episodes) == sorted(convs)
-    assert all(g.complete and g.version == 1 for g in groups)
+    assert all(g.complete and g.versions == ["1"] for g in groups)  # (opaque strings: trainer/shard_source.py)
 
 
 def test_auxiliary_calls_between_agent_calls_are_left_out_of_the_shards(tmp_path):
@@ -442,6 +442,9 @@ def test_shards_carry_the_sampling_the_server_applied(tmp_path):
         "mixed": (None, 0.95, 20, 0.0, "processed", f"presence_penalty=0.5; {MIXED}"),
         "recorded": (0.6, 0.95, 20, 0.0, "processed", None),
     }
+    from polar_recon.report import shard_stats
+    st = shard_stats(tmp_path / "out")
+    assert st["logprobs_modes"] == {"None": 3, "processed": 2} and st["sampling_unsupported_rows"] == 1
     # only the top-level field counts; a message that talks about temperature is not a setting
     assert request_params(json.dumps({"messages": [{"content": '"temperature": 3'}]}))["temperature"] is None
     assert request_params(json.dumps({"temperature": 1, "top_k": 0, "messages": []})) == {

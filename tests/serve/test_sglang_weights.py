@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.perturb import perturbed_copy
+from harness_recipes.weights import perturbed_copy
 from tests.support.servers import polar_serve
 
 

@@ -3,7 +3,10 @@
 1. Shards built by polar-recon from real proxy logs: the trainer's input ids, masks and old (behaviour)
    logprobs are, tensor by tensor, the shard's and the proxy log's; sampled at temperature 1 without
    truncation the trainer's own logprobs equal the server's, so the importance ratio is 1.
-2. The closed loop (harness_recipes/closed_loop.py): the mean reward rises clearly above its start.
+2. The closed loop (harness_recipes/closed_loop.py), with Qwen3's truncated sampling (the server's
+   generation_config: T=0.6, top_k=20, top_p=0.95, recorded on every row by the proxy) and the
+   importance-sampling correction ON (TRL's sequence_mask): every step's ratio is 1 (on-policy, the
+   truncation-aware pi_old), nothing masked, and the mean reward rises clearly above its start.
 """
 from __future__ import annotations
 
@@ -85,9 +88,20 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
         assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
 
 
-def test_closed_loop_reward_rises(tmp_path, tiny_dir):
-    r = run_closed_loop(LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4))
+@pytest.mark.parametrize("dialect,mode", [("vllm", "processed"), ("sglang", "scaled")])
+def test_closed_loop_reward_rises(tmp_path, tiny_dir, dialect, mode):
+    cfg = LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4, dialect=dialect)
+    assert cfg.is_correction and cfg.temperature is cfg.top_k is cfg.top_p is None  # the server's defaults
+    r = run_closed_loop(cfg)
     print(r.summary(), file=sys.stderr)
+    rows = [x for f in sorted((tmp_path / "shards").glob("shard-*.parquet")) for x in pq.read_table(f).to_pylist()]
+    assert rows and all((x["temperature"], x["top_k"], x["top_p"], x["min_p"], x["logprobs_mode"],
+                         x["sampling_unsupported"]) == (0.6, 20, 0.95, 0.0, mode, None) for x in rows), rows[0]
+    assert len(r.is_stats) == 6  # the correction ran at every step...
+    for st in r.is_stats:  # ...on-policy, truncation-aware: ratio 1, nothing masked
+        assert st["importance_sampling_ratio/clipped_frac"] == 0.0, st
+        assert abs(st["importance_sampling_ratio/mean"] - 1) < 1e-3, st
+        assert st["sampling_logp_difference/mean"] < 1e-3, st
     assert r.versions == [str(k) for k in range(6)]  # each iteration sampled the newest weights
     assert [s["weight_version"] for s in r.syncs] == [str(k) for k in range(1, 7)]
     start, end = r.rewards[0], sum(r.rewards[-2:]) / 2

@@ -91,6 +91,15 @@ def test_matches_vllm_sampler_processed_logprobs(tmp_path):
             assert kept.sum() < v, case  # the case really truncates
 
 
+def test_all_greedy_batch_reports_unscaled_logprobs(tmp_path):
+    """vLLM's all-greedy path (sampler.py:264-273) returns log_softmax of the raw logits: temperature 1."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 500, generator=g) * 3
+    ref = vllm_sampler(tmp_path, logits, [0.0, 0.0], [-1, -1], [1.0, 1.0], [0.0, 0.0])["logprobs"]
+    for i in range(2):
+        assert close(all_logprobs(logits[i], row_transform(row(temperature=0.0), 0.6)[0]), ref[i])
+
+
 def test_qwen3_vocab_one_position_matches_vllm(tmp_path):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 151936, generator=g) * 3
@@ -213,6 +222,16 @@ def test_row_transform_refuses_raw_and_unknown_modes(mode, what):
     with pytest.raises(LogprobsModeError, match="unknown mode"):
         row_transform(r, 1.0)
     assert "vllm serve" in FIX
+
+
+def test_raw_rows_are_accepted_only_when_the_sampling_is_the_identity():
+    plain = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, logprobs_mode="raw")
+    assert row_transform(row(**plain), 0.6) == (Transform(1.0), "")  # raw == processed here
+    assert row_transform(row(**{**plain, "temperature": 0.0}), 0.6) == (Transform(1.0), "")  # greedy: unscaled
+    for other in ({"temperature": 0.6}, {"top_k": 20}, {"top_p": 0.95}, {"min_p": 0.05}, {"temperature": None},
+                  {"top_k": None}, {"sampling_unsupported": "presence_penalty=0.5"}):
+        with pytest.raises(LogprobsModeError, match="raw logprobs"):
+            row_transform(row(**{**plain, **other}), 1.0)
 
 
 if __name__ == "__main__":

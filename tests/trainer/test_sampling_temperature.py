@@ -17,7 +17,9 @@ import torch
 
 from harness_recipes.stack import capture_proxy, serve
 from polar_recon.build import Options, build
+from tests.trainer.shardkit import write_shard
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
+from trainer.sampling import LogprobsModeError
 from trainer.sampling_temperature import TemperatureMismatch, check_rows, generation_default, logprob_temperature
 
 # What Pi 0.73 sends besides messages/tools (recorded in a demo capture log): no sampling fields.
@@ -60,14 +62,31 @@ def pi_shards(tmp_path_factory, tiny_dir):
             end(proxy.url, f"g0-e{e}", float(e), "g0")
     rep = build(work / "logs", work / "shards", Options(group_size=2))
     assert sorted(rep.built) == ["g0-e0", "g0-e1"] and not rep.errors, rep
+    # The proxy ran without polar_generation_config and could not probe the scripted server: the rows
+    # say temperature null (the server's default applied) and logprobs_mode null (unknown), as shards
+    # of older builds do. With the IS correction on the trainer refuses an unknown mode (tested below),
+    # so the temperature tests read a copy that names what the scripted server's logprobs are (its
+    # forced tokens' log-softmax at the temperature, before any truncation: checked token by token in
+    # the first test): "scaled".
+    (src,) = (work / "shards").glob("shard-*.parquet")
+    rows = pq.read_table(src).to_pylist()
+    assert {r["logprobs_mode"] for r in rows} == {None}, rows
+    write_shard(work / "scaled", 1, [dict(r, logprobs_mode="scaled") for r in rows])
     return work
 
 
+def test_unknown_logprobs_mode_is_refused_with_the_fix(pi_shards, tiny_dir, tmp_path):
+    t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, temperature=0.6,
+                                 per_device_train_batch_size=2))
+    with pytest.raises(LogprobsModeError, match="unknown mode.*--logprobs-mode processed_logprobs"):
+        t.train()
+
+
 def test_trainer_logprobs_equal_served_ones_at_the_sampling_temperature(pi_shards, tiny_dir, tmp_path):
-    rows = pq.read_table(next((pi_shards / "shards").glob("shard-*.parquet"))).to_pylist()
+    rows = pq.read_table(next((pi_shards / "scaled").glob("shard-*.parquet"))).to_pylist()
     assert [r["temperature"] for r in rows] == [None, None]  # Pi set none: the server's default applied
     # TRL's default IS mode: a temperature gap of 0.25 nat/token would mask every sequence
-    cfg = config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, temperature=0.6,
+    cfg = config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0, temperature=0.6,
                  per_device_train_batch_size=2)
     assert cfg.vllm_importance_sampling_mode == "sequence_mask"
     t = trainer(tiny_dir, cfg)
@@ -93,13 +112,13 @@ def test_trainer_logprobs_equal_served_ones_at_the_sampling_temperature(pi_shard
 
 
 def test_trainer_refuses_a_temperature_other_than_the_servers(pi_shards, tiny_dir, tmp_path):
-    t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0,
+    t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0,
                                  per_device_train_batch_size=2))  # TRL default temperature: 1.0
     with pytest.raises(TemperatureMismatch, match=r"temperature 0\.6 \(the requests set none.*generation_config"
                                                   r".*g0-e0, g0-e1.*Pass --temperature 0\.6"):
         t.train()
     # a server that ran another model: its default given explicitly
-    cfg = config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, served_default_temperature=1.0,
+    cfg = config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0, served_default_temperature=1.0,
                  per_device_train_batch_size=2,
                  max_steps=1)
     trainer(tiny_dir, cfg).train()

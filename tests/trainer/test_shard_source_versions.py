@@ -65,3 +65,16 @@ def test_trainer_sees_lag_by_history(tmp_path):
     src.set_current_version("y")
     g = src.try_next()
     assert src.lag_of(g) == 2  # the group's oldest row is two syncs behind
+
+
+def test_recon_row_version_never_hides_a_marker_or_null():
+    """polar_recon.strategies.oldest_version: a shard row's version is its oldest call's, and a call
+    with no single version (null, spans, unknown) makes the whole row say so."""
+    from polar_recon.strategies import oldest_version
+
+    assert oldest_version(["3", "1", "2"]) == "1"  # polar-serve counters: numeric
+    assert oldest_version(["default", "step-000001"]) == "default"  # strings: the first call's
+    assert oldest_version(["step-000001", None]) is None
+    span = spanning("step-000001", "step-000002")
+    assert oldest_version(["step-000001", span, "step-000002"]) == span
+    assert oldest_version([]) is None

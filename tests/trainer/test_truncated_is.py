@@ -49,16 +49,29 @@ def test_scaled_logprobs_use_temperature_only(tmp_path, tiny_dir):
 
 
 @pytest.mark.parametrize("mode", ["raw", None])
-def test_raw_and_unknown_logprob_modes_are_refused(tmp_path, tiny_dir, sampler, mode):
-    rows = [dict(r, logprobs_mode=mode) for r in real_groups(sampler, 1, "r", turns=(1,))]
+def test_raw_and_unknown_logprob_modes_are_refused(tmp_path, tiny_dir, qwen3_sampler, mode):
+    rows = [dict(r, logprobs_mode=mode) for r in real_groups(qwen3_sampler, 1, "r", turns=(1,))]
     write_shard(tmp_path / "shards", 1, rows)
-    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, max_steps=1, per_device_train_batch_size=2))
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, max_steps=1, per_device_train_batch_size=2,
+                                 temperature=0.6))
     with pytest.raises(LogprobsModeError, match=r"--logprobs-mode processed_logprobs"):
         t.train()
     # Without the correction the recorded logprobs are not used: the same rows train.
     t = trainer(tiny_dir, config(tmp_path / "off", shards=str(tmp_path / "shards"), learning_rate=0.0, max_steps=1,
-                                 per_device_train_batch_size=2, vllm_importance_sampling_correction=False))
+                                 per_device_train_batch_size=2, vllm_importance_sampling_correction=False,
+                                 temperature=0.6))
     t.train()
+
+
+def test_raw_rows_of_identity_sampling_train_with_ratio_one(tmp_path, tiny_dir, sampler):
+    """T=1, no truncation, nothing unsupported (the demo's forced-reply vLLM): raw logprobs are the
+    sampled distribution's, so they are accepted, and the ratio is 1."""
+    rows = [dict(r, logprobs_mode="raw") for r in real_groups(sampler, 2, "i", turns=(1,))]
+    write_shard(tmp_path / "shards", 1, rows)
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0))
+    t.train()
+    st = t.gens[0]["is_stats"]
+    assert st["logp_diff_max"] < 1e-3 and st["clipped_frac"] == 0.0, st
 
 
 def test_unreproducible_rows_are_excluded_counted_and_logged(tmp_path, tiny_dir, sampler, caplog):

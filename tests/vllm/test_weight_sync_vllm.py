@@ -5,8 +5,9 @@ on the CPU build), take the new version and resume. The served logprobs change (
 the rows carry the versions exactly, a call in flight drains under the old version and a call
 arriving during the sync is held and runs under the new one; a failing sync releases the calls,
 never names the target version, and loads the last good weights again (vLLM's failed in-place
-reload leaves none: its next forward pass would kill the engine). The original tiny weights and version are loaded back at the end
-(the session's vLLM serves every other test). ``POLAR_TEST_VLLM_URL`` points it at a running vLLM."""
+reload leaves none: its next forward pass would kill the engine). The original tiny weights and
+version are loaded back at the end (the session's vLLM serves every other test).
+``POLAR_TEST_VLLM_URL`` points it at a running vLLM."""
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ import uuid
 import httpx
 import pytest
 
+from harness_recipes.weights import perturbed_copy
 from polar_recon import read_log
 from tests.addon.procs import mitmdump
-from tests.support.perturb import perturbed_copy
 from tests.support.servers import tiny_model_dir
 
 
