@@ -6,6 +6,7 @@ import json
 import re
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import unquote_plus
 
 from polar_recon.prefix import shared_ends
 
@@ -23,15 +24,13 @@ def credential_values(fields, path: str = "") -> list[str]:
     """The credentials a request carries outside its body: secret headers' values (and the token
     after an ``Authorization`` scheme such as ``Bearer``), and the values of query parameters
     with a secret key's name. An upstream error may quote any of them back."""
-    from urllib.parse import unquote_plus
-
     out: list[str] = []
     for name, value in fields:
         n = name.decode("latin-1").lower() if isinstance(name, bytes) else str(name).lower()
         if n in SECRET_HEADERS:
             v = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
             out.append(v)
-            scheme, _, token = v.partition(" ")
+            token = v.partition(" ")[2]
             if token.strip():
                 out.append(token.strip())
     if "?" in path:
