@@ -155,31 +155,33 @@ class ModeCache:
 
 # -- the I/O edge ------------------------------------------------------------------------------
 
-def _post(url: str, body: dict, timeout: float) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+def _post(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> Any:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
 
-def first_model(base: str, timeout: float) -> str | None:
-    with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as r:
+def first_model(base: str, timeout: float, headers: dict[str, str] | None = None) -> str | None:
+    with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers or {}), timeout=timeout) as r:
         data = json.loads(r.read()).get("data") or []
     return data[0].get("id") if data and isinstance(data[0], dict) else None
 
 
-def probe_upstream(base: str, model: str | None, timeout: float = PROBE_TIMEOUT) -> str | None:
+def probe_upstream(base: str, model: str | None, timeout: float = PROBE_TIMEOUT,
+                   headers: dict[str, str] | None = None) -> str | None:
     """Blocking (run it on a worker thread): probe ``base`` (scheme://host:port plus any path
     prefix before /v1) serving ``model`` (None: /v1/models' first id). Returns the mode, or None
-    when the answers cannot tell; raises (OSError, ProbeError, ...) when the probe failed."""
+    when the answers cannot tell; raises (OSError, ProbeError, ...) when the probe failed.
+    ``headers``: e.g. the server's Authorization (never logged)."""
     url = base + "/v1/chat/completions"
-    name = model or first_model(base, timeout)
+    name = model or first_model(base, timeout, headers)
     try:
-        first = _post(url, probe_body(name, PROBE_TEMPERATURES[0]), timeout)
+        first = _post(url, probe_body(name, PROBE_TEMPERATURES[0]), timeout, headers)
     except urllib.error.HTTPError as exc:
         if not model or exc.code not in (400, 404):
             raise
         # the harness's name may be one the server does not serve (a translated Messages call)
-        name = first_model(base, timeout)
-        first = _post(url, probe_body(name, PROBE_TEMPERATURES[0]), timeout)
-    second = _post(url, probe_body(name, PROBE_TEMPERATURES[1]), timeout)
+        name = first_model(base, timeout, headers)
+        first = _post(url, probe_body(name, PROBE_TEMPERATURES[0]), timeout, headers)
+    second = _post(url, probe_body(name, PROBE_TEMPERATURES[1]), timeout, headers)
     return classify(top_two(first), top_two(second))

@@ -413,7 +413,11 @@ class PolarAddon:
         base = self._upstream_base(flow)
         cache = self.logprobs_modes
         if cache.should_probe(base, time.monotonic()):
-            cache.started(base, asyncio.ensure_future(self._probe(base, c.model)))
+            # the server's key: the option's, else the harness's own (a server started with --api-key)
+            key = ctx.options.polar_server_api_key
+            auth = f"Bearer {key}" if key else flow.request.headers.get("authorization")
+            headers = {"Authorization": auth} if auth else {}
+            cache.started(base, asyncio.ensure_future(self._probe(base, c.model, headers)))
         task = cache.entry(base).task
         if task is not None:
             try:
@@ -423,11 +427,11 @@ class PolarAddon:
                             base, PROBE_TIMEOUT)
         return cache.mode(base)
 
-    async def _probe(self, base: str, model: str | None) -> None:
+    async def _probe(self, base: str, model: str | None, headers: dict[str, str]) -> None:
         generation = self.logprobs_modes.entry(base).generation
         mode = None
         try:
-            mode = await asyncio.to_thread(probe_upstream, base, model, PROBE_TIMEOUT)
+            mode = await asyncio.to_thread(probe_upstream, base, model, PROBE_TIMEOUT, headers)
             if mode is None:
                 log.warning("polar: the logprobs-mode probe of %s could not tell processed, raw or scaled: rows "
                             "record logprobs_mode null until a later probe can (or set polar_logprobs_mode)", base)

@@ -6,8 +6,9 @@
 
 Synthetic logs with the ChatML turn structure of the Qwen3 template (system turn, tool turns, the
 generation prompt `<|im_start|>assistant\\n`, completions ending `<|im_end|>`), written with the
-real EpisodeWriter from numpy arrays. One call in three re-renders the previous assistant turn (its
-first tokens dropped, as a template that strips thinking does), so REALIGN links are on the path.
+real EpisodeWriter from numpy arrays. Each completion opens with a <think> block; one call in three
+re-renders the previous assistant turn without it (as the Qwen3 template drops earlier thinking), so
+REALIGN links (a known re-render class, decoded and classified) are on the path.
 
 Each phase runs in its own fresh interpreter, one after the other on the same files (page cache
 warm for both, read once beforehand); time is measured around the work only, and peak memory is the
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 IM_START, IM_END, NL, ASSISTANT, USER, SYSTEM = 151644, 151645, 198, 77091, 872, 8948
+THINK, END_THINK, NL2 = 151667, 151668, 271
 
 
 def _rss_mb() -> float:
@@ -57,14 +59,15 @@ def make_logs(logdir: Path, episodes: int, calls: int, max_prompt: int, seed: in
         prompt = np.concatenate([[IM_START, SYSTEM, NL], words(first - 8),
                                  [IM_END, NL, IM_START, ASSISTANT, NL]]).astype(np.int32)
         for c in range(calls):
-            comp = np.concatenate([words(comp_len - 1), [IM_END]]).astype(np.int32)
+            comp = np.concatenate([[THINK, NL], words(8), [NL, END_THINK, NL2], words(comp_len - 14),
+                                   [IM_END]]).astype(np.int32)
             lps = -rng.exponential(0.5, comp_len).astype(np.float32)
             w.append_call(call_index=c, prompt_ids=prompt, completion_ids=comp, completion_logprobs=lps,
                           api="chat", dialect="vllm", model="bench", status=200, stream=True,
                           t_start=float(c), t_end=float(c) + 0.5, finish_reason="stop", weight_version="1")
             n_tokens += len(prompt) + len(comp)
-            # the harness resends the turn: every third time re-rendered (first 4 sampled tokens dropped)
-            turn = comp[4:] if c % 3 == 2 else comp
+            # the harness resends the turn: every third time re-rendered without its think block
+            turn = comp[13:] if c % 3 == 2 else comp
             tool = np.concatenate([[NL, IM_START, USER, NL], words(per_turn), [IM_END, NL, IM_START, ASSISTANT, NL]])
             prompt = np.concatenate([prompt, turn, tool]).astype(np.int32)
         w.end(float(rng.random()), {"group_id": f"task-{e // 8}"})

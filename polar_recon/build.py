@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .episodes import EpisodeHead, list_logs, read_calls, read_head
+from .fidelity import check_sequences
 from .link import DEFAULT_TOKENIZER, TurnMarkers
 from .logtable import LogError
 from .shards import GroupRows, Manifest, ShardWriter
@@ -61,12 +62,31 @@ class Options:
     group_size: int | None = None  # episodes per complete group, when known
     include_incomplete: bool = False  # build: write groups short of group_size, flagged
     tokenizer: str | os.PathLike = DEFAULT_TOKENIZER
+    # rows longer than this are split at a call boundary (each part re-checked) or, for one call
+    # alone longer, left out with the reason "longer than max_len"; never truncated. None: no limit.
+    max_len: int | None = None
+    exclude_rejected_retries: bool = False  # RETRY siblings left out (counted) instead of own segments
+    check: bool = False  # re-verify every episode's rows (fidelity.check_sequences); a failure is an error
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
         if self.shard_size < 1:
             raise ValueError("shard size must be >= 1")
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2 tokens, got {self.max_len}")
+
+
+def model_max_len(model_dir: str | os.PathLike) -> int:
+    """max_position_embeddings of a model directory's config.json (the default --max-len)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        n = json.loads(path.read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: no max_position_embeddings ({exc})") from exc
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"{path}: max_position_embeddings is not a length: {n!r}")
+    return n
 
 
 @dataclass
@@ -84,6 +104,14 @@ class Report:
     tokens: int = 0
     trainable: int = 0
     timed_out_groups: list[str] = field(default_factory=list)
+    # sampled completions of built episodes that train in no row: (episode, call_index, choice, reason)
+    excluded_calls: list[tuple[str, int, int, str]] = field(default_factory=list)
+
+    def excluded_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for *_, reason in self.excluded_calls:
+            out[reason] = out.get(reason, 0) + 1
+        return out
 
 
 def is_discarded(head: EpisodeHead) -> bool:
@@ -111,18 +139,35 @@ class Builder:
         self.opts = opts
         self.markers = TurnMarkers.load(str(opts.tokenizer))
         self.retok = Retokenizer(opts.tokenizer) if opts.strategy == "retokenize" else None
+        self.excluded: list[tuple[str, int, int, str]] = []
 
     def sequences(self, path: Path):
+        """The episode's rows; `self.excluded` then holds (episode, call_index, choice, reason) of
+        every sampled completion that trains in none of them."""
+        self.excluded: list[tuple[str, int, int, str]] = []
         ep = read_calls(path, with_requests=self.retok is not None)
-        if self.opts.strategy == "token":
-            seqs = token_sequences(ep, self.markers)
-        elif self.opts.strategy == "per-call":
-            seqs = per_call_sequences(ep)
+        rows: list[tuple[int, str]] = []  # (call row, reason)
+        o = self.opts
+        if o.strategy == "token":
+            seqs = token_sequences(ep, self.markers, max_len=o.max_len, exclude_retries=o.exclude_rejected_retries,
+                                   excluded=rows)
+        elif o.strategy == "per-call":
+            seqs = per_call_sequences(ep, max_len=o.max_len, excluded=rows)
         else:
             seqs = retokenize_sequences(ep, self.markers, self.retok)
         # a sequence with nothing to train (an empty completion) carries no signal and breaks the
         # contract that prompt_len indexes a trainable token
-        return [s for s in seqs if s.loss_mask.any()]
+        empty = [s for s in seqs if not s.loss_mask.any()]
+        seqs = [s for s in seqs if s.loss_mask.any()]
+        rows += [(r, "empty completion") for s in empty for r in s.call_rows]
+        if o.check and o.strategy != "retokenize":
+            problems = check_sequences(ep, seqs, rows, self.markers)
+            if problems:
+                raise ReconError(f"{path}: fidelity check failed: " + "; ".join(problems[:5]))
+        by_row = {c.row: c for c in ep.calls}
+        self.excluded = [(ep.episode_id, by_row[r].call_index, int(by_row[r].info.get("choice") or 0), reason)
+                         for r, reason in rows]
+        return seqs
 
 
 def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Manifest, opts: Options,
@@ -168,8 +213,10 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
                  report: Report) -> GroupRows:
     rows = GroupRows(gid, [], builder.opts.strategy, complete)
     for head, reward in members:
+        builder.excluded = []
         try:
             seqs = builder.sequences(head.path)
+            excluded = builder.excluded
         except (LogError, ReconError) as exc:
             report.errors.append((str(head.path), f"episode {head.episode_id}: {exc}"))
             continue
@@ -177,6 +224,8 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
             report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call (all failed or auxiliary)"))
             continue
         rows.episodes.append((head.episode_id, reward, seqs))
+        rows.excluded += excluded
+        report.excluded_calls += excluded
         report.built.append(head.episode_id)
         report.sequences += len(seqs)
         for s in seqs:
@@ -329,6 +378,7 @@ def _merge(total: Report, cycle: Report, reported: set[str]) -> None:
     total.tokens += cycle.tokens
     total.trainable += cycle.trainable
     total.timed_out_groups += cycle.timed_out_groups
+    total.excluded_calls += cycle.excluded_calls
     # a bad file is seen again every poll: report each one once
     cycle.errors = [(p, m) for p, m in cycle.errors if p not in reported]
     cycle.no_reward = [e for e in cycle.no_reward if e not in reported]

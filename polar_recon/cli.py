@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .build import Options, Report, RewardsError, load_rewards
+from .build import Options, Report, RewardsError, load_rewards, model_max_len
 from .build import build as build_shards
 from .build import watch as watch_shards
 from .episodes import read_calls
@@ -35,6 +35,11 @@ def _echo_report(r: Report, out: Path | None = None) -> None:
         click.echo(f"not finished, skipped ({len(r.unfinished)}): {', '.join(sorted(r.unfinished))}", err=True)
     for gid, n in sorted(r.waiting.items()):
         click.echo(f"group {gid}: {n} episodes finished, waiting for the rest (not built)", err=True)
+    if r.excluded_calls:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(r.excluded_counts().items()))
+        click.echo(f"sampled completions not trained ({len(r.excluded_calls)}; {counts}):", err=True)
+        for eid, call, choice, reason in r.excluded_calls:
+            click.echo(f"  {eid} call {call} choice {choice}: {reason}", err=True)
     if r.timed_out_groups:
         click.echo(f"written incomplete (group_complete=false): {', '.join(r.timed_out_groups)}", err=True)
     shards = ", ".join(p.name for p in r.shards) or "none"
@@ -56,14 +61,18 @@ tokenizer_opt = click.option("--tokenizer", type=click.Path(exists=True, file_ok
                              show_default=True, help="tokenizer dir: turn markers, chat template for retokenize")
 
 
-def _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete=False) -> Options:
+def _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete=False,
+             max_len=None, model=None, exclude_rejected_retries=False, check=False) -> Options:
     try:
         table = load_rewards(rewards) if rewards else None
     except (RewardsError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--rewards") from None
     try:
+        if max_len is None and model is not None:
+            max_len = model_max_len(model)
         return Options(strategy=strategy, rewards=table, group_by=group_by, shard_size=shard_size,
-                       group_size=group_size, include_incomplete=include_incomplete, tokenizer=tokenizer)
+                       group_size=group_size, include_incomplete=include_incomplete, tokenizer=tokenizer,
+                       max_len=max_len, exclude_rejected_retries=exclude_rejected_retries, check=check)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -78,6 +87,18 @@ def _common(f):
     f = click.option("--shard-size", type=int, default=256, show_default=True,
                      help="rows per shard (a shard is closed after the group that reaches it)")(f)
     f = click.option("--group-size", type=int, help="episodes in a complete group (GRPO num_generations)")(f)
+    f = click.option("--max-len", "max_len", type=int,
+                     help="longest row in tokens: longer rows are split at a call boundary; a call longer alone is "
+                          "left out, counted in the manifest (never truncated). Default: --model's "
+                          "max_position_embeddings, else no limit")(f)
+    f = click.option("--model", type=click.Path(exists=True, file_okay=False),
+                     help="model dir whose config.json max_position_embeddings is the default --max-len")(f)
+    f = click.option("--exclude-rejected-retries", is_flag=True,
+                     help="leave out retried samples no later call extends (counted) instead of training each in "
+                          "its own row")(f)
+    f = click.option("--check", is_flag=True,
+                     help="re-verify each episode's rows: context fidelity and every sample accounted for "
+                          "(an episode that fails is an error, not a shard)")(f)
     return tokenizer_opt(f)
 
 
@@ -91,9 +112,11 @@ def main() -> None:
 @click.argument("out", type=click.Path(file_okay=False))
 @_common
 @click.option("--include-incomplete", is_flag=True, help="also write groups short of --group-size, flagged")
-def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete):
+def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, max_len, model, exclude_rejected_retries,
+          check, tokenizer, include_incomplete):
     """Build every finished episode of LOGDIR not yet in OUT into OUT/shard-NNNNNN.parquet."""
-    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete)
+    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete, max_len, model,
+                    exclude_rejected_retries, check)
     try:
         report = build_shards(logdir, out, opts, progress_factory=_tqdm)
     except (ManifestError, LogError) as exc:
@@ -109,11 +132,13 @@ def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, toke
 @click.option("--poll", type=float, default=2.0, show_default=True, help="seconds between directory scans")
 @click.option("--group-timeout", type=float, help="seconds after a group's first finished episode to write it anyway, flagged")
 @click.option("--idle-exit", type=float, help="exit after this many seconds with nothing new and nothing pending")
-def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, tokenizer, poll, group_timeout, idle_exit):
+def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, max_len, model, exclude_rejected_retries,
+          check, tokenizer, poll, group_timeout, idle_exit):
     """Build shards continuously as episodes finish (complete GRPO groups per shard)."""
     if group_by not in (None, "episode") and group_size is None and group_timeout is None:
         raise click.UsageError("watch --group-by needs --group-size (or --group-timeout) to know when a group is complete")
-    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer)
+    opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, False, max_len, model,
+                    exclude_rejected_retries, check)
     try:
         total = watch_shards(logdir, out, opts, poll=poll, group_timeout=group_timeout, idle_exit=idle_exit,
                              on_report=_echo_report)
@@ -178,8 +203,10 @@ def drift(logdir, harness_key, as_json, tokenizer):
         click.echo(f"skipped {path}: {why}", err=True)
     row = d.row()
     kinds = {h: dict(sorted(c.items())) for h, c in sorted(d.kinds.items())}
+    divergent = {h: {"context_divergent_tokens": d.context_divergent.get(h, 0), "context_tokens": d.context_tokens.get(h, 0),
+                     "realign_classes": dict(sorted(d.realign_classes.get(h, {}).items()))} for h in sorted(d.kinds)}
     if as_json:
-        click.echo(json.dumps({**row, "links_by_harness": kinds}))
+        click.echo(json.dumps({**row, "links_by_harness": kinds, "context_by_harness": divergent}))
         return
     click.echo(f"episodes {row['episodes']}, sequences {row['sequences']}, trainable tokens {row['trainable_tokens']}")
     click.echo(f"retokenize: {row['retokenize_differing_tokens']} trainable tokens differ "
@@ -189,6 +216,10 @@ def drift(logdir, harness_key, as_json, tokenizer):
                f"({row['per_call_token_blowup']:.1f}x the token strategy's {row['token_sequence_tokens']})")
     for h, c in kinds.items():
         click.echo(f"links [{h}]: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+        v = divergent[h]
+        click.echo(f"context [{h}]: {v['context_divergent_tokens']} of {v['context_tokens']} context tokens differ from "
+                   "what the model was served (token strategy; per-call: 0); classes: "
+                   + (", ".join(f"{k} {n}" for k, n in v["realign_classes"].items()) or "none"))
 
 
 @main.command()

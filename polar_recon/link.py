@@ -10,10 +10,19 @@ sequences; where they differ it requires the difference to sit inside an assista
 Among the candidates that align, the parent is the one with the most of its tokens found again in
 the prompt (`Alignment.matched`).
 
+A differing turn is accepted only when the difference is a KNOWN re-render (rerender.py names
+the classes and recognises each by what it is: thinking dropped, whitespace-only content, the
+newline before a tool call, re-serialized arguments, the BPE merge at `assistant\\n`, ...). An
+edited assistant message or rewritten tool-call arguments align with no parent: a FORK, whose
+row starts from its own served prompt. Every accepted span is recorded (`Alignment.spans`) so the
+row can say how many of its context tokens differ from what the model was served.
+
 Kinds: CLEAN (the prompt extends the parent token for token), REALIGN (it extends it up to
-re-rendered assistant turns), FORK (no usable parent: a new segment). Calls left out of training:
-AUX (flagged auxiliary by the capture), ERROR (no ids / failed), RETRY (a sibling with the same
-prompt whose branch no later call extends).
+re-rendered assistant turns of known classes), FORK (no usable parent: a new segment). Calls left
+out of training: AUX (flagged auxiliary by the capture), ERROR (no ids / failed), RETRY (only with
+`exclude_retries`: a sibling with the same prompt, from another call, whose branch no later call
+extends while another's is). By default same-prompt siblings (n>1 choices, retried samples,
+sub-agents with identical prompts) all train, each in its own segment.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ import numpy as np
 from .assets import QWEN3_TOKENIZER
 from .episodes import Call
 from .prefix import common_prefix
+from .rerender import classify
 
 CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
 AUX, ERROR, RETRY = "AUX", "ERROR", "RETRY"
@@ -41,6 +51,11 @@ class TurnMarkers:
     start: int  # <|im_start|>
     end: int  # <|im_end|>
     assistant: tuple[int, ...]  # the role ids that follow `start` in an assistant turn
+    # tokenizer.json's directory: a differing turn is decoded to text to classify it
+    tokenizer: str = field(default=str(DEFAULT_TOKENIZER), compare=False)
+
+    def decode(self, ids: np.ndarray) -> str:
+        return _decoder(self.tokenizer).decode(ids.tolist(), skip_special_tokens=False)
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -65,7 +80,14 @@ class TurnMarkers:
             from tokenizers import Tokenizer
 
             role = tuple(Tokenizer.from_file(str(path)).encode("assistant", add_special_tokens=False).ids)
-        return TurnMarkers(int(start), int(end), role)
+        return TurnMarkers(int(start), int(end), role, str(tokenizer_dir))
+
+
+@functools.lru_cache(maxsize=4)
+def _decoder(tokenizer_dir: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,6 +110,30 @@ class Alignment:
     # `prefix` alone cannot tell, because a new user query strips the thinking of EVERY earlier
     # turn, so all candidates diverge at the same first think block.
     matched: int = 0
+    # the re-rendered spans: (parent start, parent end, prompt start, prompt end, classes) of the
+    # differing middle of each realigned turn (its shared head and tail excluded)
+    spans: tuple = ()
+
+    @property
+    def classes(self) -> frozenset[str]:
+        return frozenset().union(*(sp[4] for sp in self.spans)) if self.spans else frozenset()
+
+
+def turn_classes(old: np.ndarray, new: np.ndarray, m: TurnMarkers) -> frozenset[str] | None:
+    """The re-render classes between a sampled turn `old` and its served form `new` (both from
+    their `<|im_start|>`), or None when the served one is not a known re-render of it."""
+    h = 1 + len(m.assistant)
+    a, b = m.decode(old[h:]), m.decode(new[h:])
+    found = classify(a, b)
+    if found is None:
+        return None
+    if len(old) > h and len(new) > h and old[h] != new[h]:
+        x, y = m.decode(old[h:h + 1]), m.decode(new[h:h + 1])
+        if x != y and x.startswith("\n") and y.startswith("\n") and (x.strip() == "" or y.strip() == ""):
+            found = found | {"bpe-merge"}
+    if not found:  # the same text in other tokens
+        found = frozenset({"bpe-merge"})
+    return found
 
 
 def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: int | None = None) -> Alignment | None:
@@ -95,6 +141,7 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
     `known_prefix`: their exact common prefix length, when already known."""
     j = i = 0
     realigned = suffix = matched = 0
+    spans: list = []
     prefix = None
     role = np.asarray(m.assistant, dtype=parent.dtype)
     while True:
@@ -106,7 +153,7 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
             prefix = n
         matched += n
         if j + n == len(parent):
-            return Alignment(i + n, prefix, realigned, suffix, matched)
+            return Alignment(i + n, prefix, realigned, suffix, matched, tuple(spans))
         if i + n == len(prompt):
             return None  # the prompt stops inside the parent: a retry or an earlier point
         div = j + n  # first differing position in parent
@@ -126,11 +173,15 @@ def align(parent: np.ndarray, prompt: np.ndarray, m: TurnMarkers, known_prefix: 
         old, new = parent[b:len(parent) if e_p is None else e_p + 1], prompt[bi:e_i + 1]
         head = div - b  # the turn's leading tokens the exact run above already matched
         tail = min(common_prefix(old[::-1], new[::-1]), len(old) - head, len(new) - head)
+        classes = turn_classes(old, new, m)
+        if classes is None:
+            return None  # not a known re-render: the harness changed this turn
+        spans.append((div, b + len(old) - tail, bi + head, bi + len(new) - tail, classes))
         suffix += tail
         matched += tail
         realigned += 1
         if e_p is None:  # the sampled turn stopped without <|im_end|> (length cut): the template
-            return Alignment(e_i, prefix, realigned, suffix, matched)  # closed it; that <|im_end|> is context
+            return Alignment(e_i, prefix, realigned, suffix, matched, tuple(spans))  # closed it: its <|im_end|> is context
         j, i = e_p + 1, e_i + 1
 
 
@@ -157,8 +208,9 @@ def _seq(call: Call) -> np.ndarray:
     return np.concatenate([call.prompt, call.completion])
 
 
-def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
-    """One node per call, in call order, with its parent and link kind."""
+def link_calls(calls: list[Call], m: TurnMarkers, *, exclude_retries: bool = False) -> list[Node]:
+    """One node per call, in call order, with its parent and link kind. `exclude_retries`: mark
+    rejected retries RETRY (left out, counted) instead of training each in its own segment."""
     nodes: list[Node] = []
     cands: list[tuple[int, np.ndarray]] = []  # (node index, prompt+completion) of usable calls
     row_to_node: dict[int, int] = {}  # file row -> node, for the writer's base-row hint
@@ -195,13 +247,15 @@ def link_calls(calls: list[Call], m: TurnMarkers) -> list[Node]:
         cands.append((len(nodes), _seq(call)))
         row_to_node[call.row] = len(nodes)
         nodes.append(node)
-    _drop_retries(nodes)
+    if exclude_retries:
+        _drop_retries(nodes)
     return nodes
 
 
 def _drop_retries(nodes: list[Node]) -> None:
-    """Siblings with the same prompt are retries: keep those that later calls extend (or, when
-    none is extended, the last one); the others become RETRY and leave the tree."""
+    """Siblings with the same prompt from different calls are retries: keep those that later calls
+    extend (or, when none is extended, the last one); the others become RETRY and leave the tree.
+    The n>1 choices of one call are never retries (the server sampled them all at once)."""
     by_parent: dict[tuple[int | None, int], list[int]] = {}
     for k, n in enumerate(nodes):
         if n.kind in (CLEAN, REALIGN, FORK):
@@ -218,8 +272,9 @@ def _drop_retries(nodes: list[Node]) -> None:
             continue
         extended = [k for k in members if nodes[k].children]
         keep = set(extended) if extended else {members[-1]}
+        kept_calls = {nodes[k].call.call_index for k in keep}
         for k in members:
-            if k in keep:
+            if k in keep or nodes[k].call.call_index in kept_calls:
                 continue
             n = nodes[k]
             n.note = f"retry of call {nodes[min(keep)].call.call_index}; not extended"

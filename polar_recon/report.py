@@ -81,6 +81,11 @@ class Drift:
     per_call_tokens: int = 0
     token_tokens: int = 0
     kinds: dict[str, Counter] = field(default_factory=dict)  # harness -> Counter of link kinds
+    # harness -> context tokens of `token` rows that differ from what the model was served (known
+    # re-render classes only; `per-call` rows have none by construction), and the classes seen
+    context_divergent: dict[str, int] = field(default_factory=dict)
+    context_tokens: dict[str, int] = field(default_factory=dict)
+    realign_classes: dict[str, Counter] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -92,6 +97,8 @@ class Drift:
             "token_sequence_tokens": self.token_tokens,
             "per_call_sequences": self.per_call_sequences, "per_call_tokens": self.per_call_tokens,
             "per_call_token_blowup": self.per_call_tokens / self.token_tokens if self.token_tokens else 0.0,
+            "context_divergent_tokens": sum(self.context_divergent.values()),
+            "per_call_context_divergent_tokens": 0,
         }
 
 
@@ -109,12 +116,19 @@ def _spans(mask: np.ndarray) -> list[tuple[int, int]]:
 
 def drift_episode(ep: Episode, m: TurnMarkers, retok: Retokenizer, d: Drift, harness: str) -> None:
     nodes = link_calls(ep.calls, m)
-    chains = segments(nodes)
-    kinds = d.kinds.setdefault(harness, Counter())
-    kinds.update(n.kind for n in nodes)
     toks = token_sequences(ep, m, nodes)
-    rets = retokenize_sequences(ep, m, retok, nodes)
-    for chain, t, r in zip(chains, toks, rets):
+    d.kinds.setdefault(harness, Counter()).update(n.kind for n in nodes)
+    chains = segments(nodes)  # rows split by the fidelity check or --max-len are their own chains
+    rets = {tuple(r.call_rows): r for r in retokenize_sequences(ep, m, retok, nodes)}
+    d.context_divergent[harness] = d.context_divergent.get(harness, 0) + sum(t.realign_tokens or 0 for t in toks)
+    d.context_tokens[harness] = d.context_tokens.get(harness, 0) + sum(int((~t.loss_mask.astype(bool)).sum()) for t in toks)
+    d.realign_classes.setdefault(harness, Counter()).update(c for t in toks for c in t.realign_classes)
+    for chain in chains:
+        rows = tuple(nodes[k].call.row for k in chain)
+        t = next((x for x in toks if tuple(x.call_rows) == rows), None)
+        r = rets.get(rows)
+        if t is None or r is None:
+            continue
         sampled = [nodes[k].call for k in chain]
         spans = _spans(r.loss_mask)[-len(sampled):]
         diff = misplaced = 0
@@ -169,13 +183,15 @@ def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{out}: no shard-*.parquet files")
     cols = ["episode_id", "group_id", "segment", "reward", "n_calls", "n_realign", "group_complete", "strategy",
             "input_ids", "loss_mask"]
+    optional = {"logprobs_mode": pl.String, "sampling_unsupported": pl.String, "termination": pl.String,
+                "realign_tokens": pl.Int32, "realign_classes": pl.List(pl.String)}
     parts = []
     for p in shards:
-        have = pq.read_schema(p).names  # shards of older builds have no sampling columns
-        df = pl.read_parquet(p, columns=cols + [c for c in ("logprobs_mode", "sampling_unsupported") if c in have])
-        for c in ("logprobs_mode", "sampling_unsupported"):
+        have = pq.read_schema(p).names  # shards of older builds have no sampling / fidelity columns
+        df = pl.read_parquet(p, columns=cols + [c for c in optional if c in have])
+        for c, t in optional.items():
             if c not in df.columns:
-                df = df.with_columns(pl.lit(None, pl.String).alias(c))
+                df = df.with_columns(pl.lit(None, t).alias(c))
         df = df.with_columns(
             pl.col("input_ids").list.len().alias("tokens"),
             pl.col("loss_mask").list.sum().alias("trainable"),
@@ -203,6 +219,14 @@ def shard_stats(out: str | os.PathLike) -> dict[str, Any]:
         "logprobs_modes": {str(k): int(v) for k, v in zip(*np.unique(
             np.asarray([str(x) for x in df["logprobs_mode"].to_list()]), return_counts=True))},
         "sampling_unsupported_rows": int(df["sampling_unsupported"].is_not_null().sum()),
+        # context fidelity: context tokens that differ from what the model was served (known
+        # re-render classes only), per harness is `drift`'s; rows per class and per termination
+        "context_divergent_tokens": int(df["realign_tokens"].fill_null(0).sum()),
+        "realign_classes": {str(k): int(v) for k, v in zip(*np.unique(
+            np.asarray([c for cs in df["realign_classes"].to_list() if cs for c in cs], dtype=object).astype(str),
+            return_counts=True))},
+        "terminations": {str(k): int(v) for k, v in zip(*np.unique(
+            np.asarray([str(x) for x in df["termination"].to_list()]), return_counts=True))},
         "reward_histogram": [(float(a), float(b), int(c)) for a, b, c in zip(hist[1][:-1], hist[1][1:], hist[0])],
         **_excluded(out),
     }
@@ -216,4 +240,9 @@ def _excluded(out: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):
         excluded = {}
     ids = sorted(e for e, v in excluded.items() if isinstance(v, dict) and v.get("reason") == "discard")
-    return {"discarded": len(ids), "discarded_ids": ids}
+    try:
+        data = json.loads(path.read_text())
+        counts, calls = data.get("excluded_counts") or {}, data.get("excluded_calls") or {}
+    except (OSError, ValueError, AttributeError):
+        counts, calls = {}, {}
+    return {"discarded": len(ids), "discarded_ids": ids, "excluded_counts": counts, "excluded_calls": calls}

@@ -50,9 +50,23 @@ SHARD_SCHEMA = pa.schema([
     # calls" when the row's calls differ in a sampling column, which is then null). The trainer
     # excludes or refuses such rows.
     pa.field("sampling_unsupported", pa.string()),
+    # Context fidelity (link.py, fidelity.py): tokens of this row's context that differ from the
+    # prompt the server was served for a later call of the row, all of a KNOWN re-render class
+    # (the row keeps the sampled tokens; the served prompt held them re-rendered), and the names
+    # of those classes (link.REALIGN_CLASSES). 0 / [] = every call saw exactly its row prefix.
+    pa.field("realign_tokens", pa.int32()),
+    pa.field("realign_classes", pa.list_(pa.string())),
+    # How the row ended: stop | length | timeout | error (TERMINATIONS), for the trainer's
+    # mask_truncated_completions: the row's own last completion when it was cut (length) or failed,
+    # else the episode's end (timeout from the end metadata, else its last call's finish), so every
+    # row of a truncated episode says so (strategies.termination). null = unknown (an older build).
+    pa.field("termination", pa.string()),
 ])
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+# columns added by issue 15; a shard of an older build lacks them (readers treat them as null)
+FIDELITY_FIELDS = ("realign_tokens", "realign_classes", "termination")
+TERMINATIONS = ("stop", "length", "timeout", "error")
 
 
 class ManifestError(Exception):
@@ -73,6 +87,8 @@ class GroupRows:
     episodes: list[tuple[str, float, list[Sequence]]]  # (episode_id, reward, sequences)
     strategy: str
     complete: bool = True
+    # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
+    excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
 
     def table(self) -> pa.Table:
         seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
@@ -96,6 +112,8 @@ class GroupRows:
         }
         for f in SAMPLING_FIELDS:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
+        for f in FIDELITY_FIELDS:
+            cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
 
 
@@ -111,10 +129,11 @@ class ShardWriter:
         self._writer = pq.ParquetWriter(
             str(self.tmp), SHARD_SCHEMA, compression=compression,
             use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model", "logprobs_mode",
-                            "sampling_unsupported"],
+                            "sampling_unsupported", "termination"],
             write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id
+        self.excluded: list[tuple[str, int, int, str]] = []
 
     def write(self, group: GroupRows) -> None:
         t = group.table()
@@ -123,6 +142,7 @@ class ShardWriter:
         self.rows += t.num_rows
         for eid, _, _ in group.episodes:
             self.episodes[eid] = group.group_id
+        self.excluded += group.excluded
 
     def commit(self) -> Path:
         self._writer.close()
@@ -162,6 +182,9 @@ class Manifest:
     # episodes seen and deliberately not built (e.g. discarded by the rollout): episode_id ->
     # {"reason": ..., "status": ...}; for `stats`, and so the count survives across builds
     excluded: dict[str, dict] = field(default_factory=dict)
+    # sampled completions of BUILT episodes that train in no row (fidelity.EXCLUDE_REASONS):
+    # episode_id -> [{"call", "choice", "reason"}]; saved with `excluded_counts` {reason: n}
+    excluded_calls: dict[str, list] = field(default_factory=dict)
     _dirty: bool = False
 
     @classmethod
@@ -176,6 +199,7 @@ class Manifest:
                 data = json.loads(path.read_text())
                 m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
                 m.excluded = dict(data.get("excluded") or {})
+                m.excluded_calls = dict(data.get("excluded_calls") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -219,6 +243,8 @@ class Manifest:
     def record(self, writer: ShardWriter) -> None:
         for eid, gid in writer.episodes.items():
             self.episodes[eid] = {"shard": writer.number, "group": gid}
+        for eid, call, choice, reason in writer.excluded:
+            self.excluded_calls.setdefault(eid, []).append({"call": call, "choice": choice, "reason": reason})
         self.next_shard = max(self.next_shard, writer.number + 1)
         self.save()
 
@@ -232,11 +258,24 @@ class Manifest:
         if self._dirty:
             self.save()
 
+    def excluded_counts(self) -> dict[str, int]:
+        """Excluded episodes (by their reason) and excluded calls of built episodes (by theirs)."""
+        out: dict[str, int] = {}
+        for v in self.excluded.values():
+            r = f"episode: {v.get('reason')}" if isinstance(v, dict) else "episode"
+            out[r] = out.get(r, 0) + 1
+        for calls in self.excluded_calls.values():
+            for c in calls:
+                out[c["reason"]] = out.get(c["reason"], 0) + 1
+        return out
+
     def save(self) -> None:
         path = self.out / MANIFEST
         tmp = self.out / temp_name(MANIFEST)
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
-                                   "episodes": self.episodes, "excluded": self.excluded}, sort_keys=True))
+                                   "episodes": self.episodes, "excluded": self.excluded,
+                                   "excluded_calls": self.excluded_calls,
+                                   "excluded_counts": self.excluded_counts()}, sort_keys=True))
         os.replace(tmp, path)
         self._dirty = False
 

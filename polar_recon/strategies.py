@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ import numpy as np
 
 from .chat_render import RequestError, render_rules, render_text
 from .episodes import Call, Episode
-from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, Node, TurnMarkers, link_calls, segments
+from .fidelity import context_alignment, reason_of, span_tokens
+from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Node, TurnMarkers, link_calls, segments
 from .sampling import combine
 from .weight_versions import is_marker
 
@@ -53,6 +54,14 @@ class Sequence:
     min_p: float | None = None
     logprobs_mode: str | None = None
     sampling_unsupported: str | None = None
+    # context fidelity (shards.py documents the columns)
+    realign_tokens: int | None = 0  # None: not checked (retokenize rebuilds the text)
+    realign_classes: list[str] = field(default_factory=list)
+    termination: str | None = None
+    # not columns: each call's file row and the row position where its completion starts (the
+    # fidelity checks, the accounting of every sampled completion)
+    call_rows: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:
@@ -83,14 +92,41 @@ def oldest_version(versions: list[str | None]) -> str | None:
         return versions[0]
 
 
+def _own_termination(call: Call) -> str:
+    if call.info.get("error"):
+        return "error"
+    return "length" if call.info.get("finish_reason") == "length" else "stop"
+
+
+def termination(ep: Episode, calls: list[Call]) -> str:
+    """How a row ended (shards.TERMINATIONS), for the trainer's mask_truncated_completions, which
+    masks every row of an episode that ended by length/timeout: the row's own last call when that
+    one did not stop normally (``length``: cut at max_tokens; ``error``), else the EPISODE's end:
+    ``timeout`` when the rollout ended it on a timeout (harness_recipes records end metadata
+    ``status: "timeout"``), else how the episode's last sampled call ended."""
+    own = _own_termination(calls[-1])
+    if own != "stop":
+        return own
+    if ep.metadata.get("status") == "timeout" or ep.metadata.get("timeout") is True:
+        return "timeout"
+    usable = [c for c in ep.calls if c.usable]
+    return _own_termination(max(usable, key=lambda c: c.call_index)) if usable else own
+
+
 def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_realign: int) -> Sequence:
     ids = np.concatenate([p[0] for p in pieces]).astype(np.int32, copy=False)
     mask = np.concatenate([np.full(len(p[0]), p[1], dtype=np.int8) for p in pieces])
     lps = np.concatenate([p[2] if p[2] is not None else np.zeros(len(p[0]), np.float32) for p in pieces])
+    starts, pos = [], 0
+    for p in pieces:
+        if p[1]:
+            starts.append(pos)
+        pos += len(p[0])
     return Sequence(
         ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
         oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
-        [c.call_index for c in calls], **chain_sampling(calls),
+        [c.call_index for c in calls], **chain_sampling(calls), termination=termination(ep, calls),
+        call_rows=[c.row for c in calls], starts=starts,
     )
 
 
@@ -108,26 +144,90 @@ def trained_chains(ep: Episode, nodes: list[Node]) -> list[list[int]]:
     return chains
 
 
-def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None) -> list[Sequence]:
-    nodes = nodes if nodes is not None else link_calls(ep.calls, m)
+def unlinked_exclusions(nodes: list[Node]) -> list[tuple[int, str]]:
+    """(call row, reason) of the calls linking left out of training (auxiliary, failed, RETRY)."""
     out = []
-    for s, chain in enumerate(trained_chains(ep, nodes)):
-        pieces = []
-        calls = [nodes[k].call for k in chain]
-        for k, call in zip(chain, calls):
-            keep = nodes[k].keep_from if nodes[k].kind in (CLEAN, REALIGN) else 0
-            pieces.append((call.prompt[keep:], 0, None))
-            pieces.append((call.completion, 1, call.logprobs))
-        out.append(_pieces_to_sequence(ep, s, calls, pieces, sum(nodes[k].realigned for k in chain)))
+    for n in nodes:
+        if n.kind == RETRY:
+            out.append((n.call.row, "rejected retry"))
+        elif n.kind in (AUX, ERROR):
+            out.append((n.call.row, reason_of(n.note)))
     return out
 
 
-def per_call_sequences(ep: Episode) -> list[Sequence]:
-    usable = [c for c in ep.calls if c.usable]
-    return [
-        _pieces_to_sequence(ep, s, [c], [(c.prompt, 0, None), (c.completion, 1, c.logprobs)], 0)
-        for s, c in enumerate(usable)
-    ]
+def token_sequences(ep: Episode, m: TurnMarkers, nodes: list[Node] | None = None, *, max_len: int | None = None,
+                    exclude_retries: bool = False, excluded: list[tuple[int, str]] | None = None) -> list[Sequence]:
+    """One sequence per segment. Each call joins its row only if the row's context then aligns with
+    the prompt the call was served (fidelity.context_alignment: known re-renders only) and the row
+    stays within `max_len`; otherwise the row ends before it and the call starts a new row from its
+    own served prompt (a call boundary: nothing is truncated). A call longer than `max_len` alone
+    is left out. `excluded` receives (call row, reason) of every sampled completion not trained."""
+    nodes = nodes if nodes is not None else link_calls(ep.calls, m, exclude_retries=exclude_retries)
+    sink: list[tuple[int, str]] = excluded if excluded is not None else []
+    sink.extend(unlinked_exclusions(nodes))
+    out: list[Sequence] = []
+
+    def close(calls, pieces, spans, n_realign):
+        if not calls:
+            return
+        seq = _pieces_to_sequence(ep, len(out), calls, pieces, n_realign)
+        seq.realign_tokens = span_tokens(spans, len(seq.input_ids))
+        seq.realign_classes = sorted(frozenset().union(*(sp[4] for sp in spans))) if spans else []
+        out.append(seq)
+
+    for chain in trained_chains(ep, nodes):
+        calls: list[Call] = []
+        pieces: list = []
+        spans: list = []
+        n_realign = length = 0
+        row = np.zeros(0, np.int32)
+        for k in chain:
+            node, call = nodes[k], nodes[k].call
+            a = None
+            if calls and node.kind in (CLEAN, REALIGN):
+                context = np.concatenate([row, call.prompt[node.keep_from:]])
+                if max_len is None or len(context) + len(call.completion) <= max_len:
+                    a = context_alignment(context, call.prompt, m)
+                if a is None:  # a row boundary: this call starts its own row from its served prompt
+                    too_long = max_len is not None and len(context) + len(call.completion) > max_len
+                    node.kind, node.keep_from, node.realigned = FORK, 0, 0
+                    if node.parent is not None:  # detached: segments() from now on yields these rows
+                        nodes[node.parent].children.remove(k)
+                        node.parent = None
+                    node.note = "row split at --max-len" if too_long else "context differs from the served prompt"
+            if a is None:
+                close(calls, pieces, spans, n_realign)
+                calls, pieces, spans, n_realign, length = [], [], [], 0, 0
+                if max_len is not None and len(call.prompt) + len(call.completion) > max_len:
+                    sink.append((call.row, "longer than max_len"))
+                    row, length = np.zeros(0, np.int32), 0
+                    continue
+                context = call.prompt
+            else:
+                spans.extend(a.spans)
+                n_realign += node.realigned
+            pieces.append((context[length:], 0, None))
+            pieces.append((call.completion, 1, call.logprobs))
+            calls.append(call)
+            row = np.concatenate([context, call.completion])
+            length = len(row)
+        close(calls, pieces, spans, n_realign)
+    return out
+
+
+def per_call_sequences(ep: Episode, *, max_len: int | None = None,
+                       excluded: list[tuple[int, str]] | None = None) -> list[Sequence]:
+    """Every usable call its own row: its served prompt exactly (the fidelity baseline)."""
+    sink: list[tuple[int, str]] = excluded if excluded is not None else []
+    out = []
+    for c in ep.calls:
+        if not c.usable:
+            sink.append((c.row, reason_of(c.why_unusable or "error")))
+        elif max_len is not None and len(c.prompt) + len(c.completion) > max_len:
+            sink.append((c.row, "longer than max_len"))
+        else:
+            out.append(_pieces_to_sequence(ep, len(out), [c], [(c.prompt, 0, None), (c.completion, 1, c.logprobs)], 0))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +309,8 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
         out.append(Sequence(ep.episode_id, s, ids, mask, lps, len(calls), 0,
                             oldest_version([c.info.get("weight_version") for c in calls]),
                             calls[0].info.get("model"), [c.call_index for c in calls],
-                            **chain_sampling(calls)))
+                            **chain_sampling(calls), termination=termination(ep, calls),
+                            realign_tokens=None, call_rows=[c.row for c in calls]))
     return out
 
 

@@ -257,16 +257,22 @@ def synthetic_seq(prompt: list[int], completion: list[int], logprob: float = -1.
 
 
 def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: int = 0, group_size: int = 1,
-        weight_version: str | None = "1", complete: bool = True, **sampling: Any) -> dict:
+        weight_version: str | None = "1", complete: bool = True, realign_tokens: int | None = None,
+        realign_classes: list[str] | None = None, termination: str | None = None, **sampling: Any) -> dict:
     """A shard row of `seq` (a dict with input_ids, loss_mask, logprobs, prompt_len[, n_calls]).
     ``sampling``: any of the sampling columns (``temperature``, ``top_p``, ``top_k``, ``min_p``,
-    ``logprobs_mode``, ``sampling_unsupported``; see polar_recon/sampling.py); a row sets only those given."""
+    ``logprobs_mode``, ``sampling_unsupported``; see polar_recon/sampling.py); a row sets only those given.
+    ``realign_tokens``, ``realign_classes``, ``termination``: the fidelity columns (shards.py), set
+    only when given (a row without them reads as a shard of an older build)."""
     from .sampling import COLUMNS
 
     unknown = sampling.keys() - set(COLUMNS)
     if unknown:
         raise TypeError(f"row() got unknown columns {sorted(unknown)}; sampling columns are {COLUMNS}")
-    return {**sampling, "episode_id": episode_id, "group_id": group_id, "segment": segment, "input_ids": seq["input_ids"],
+    extra = {k: v for k, v in (("realign_tokens", realign_tokens), ("realign_classes", realign_classes),
+                               ("termination", termination)) if v is not None}
+    return {**sampling, **extra, "episode_id": episode_id, "group_id": group_id, "segment": segment,
+            "input_ids": seq["input_ids"],
             "loss_mask": seq["loss_mask"], "logprobs": seq["logprobs"], "prompt_len": seq["prompt_len"],
             "reward": reward, "n_calls": seq.get("n_calls", 1), "strategy": "token", "n_realign": 0,
             "weight_version": weight_version, "model": "tiny-qwen3", "group_size": group_size,
@@ -281,10 +287,10 @@ def write_shard(out_dir, seq_no: int, rows: list[dict], filesystem=None) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .shards import SAMPLING_FIELDS, SHARD_SCHEMA
+    from .shards import FIDELITY_FIELDS, SAMPLING_FIELDS, SHARD_SCHEMA
 
     schema = SHARD_SCHEMA
-    for c in SAMPLING_FIELDS:
+    for c in (*SAMPLING_FIELDS, *FIDELITY_FIELDS):
         if not any(c in r for r in rows):
             schema = schema.remove(schema.get_field_index(c))
     table = pa.Table.from_pylist(rows, schema=schema)

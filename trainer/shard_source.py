@@ -32,6 +32,23 @@ when a row's version is null, an ``unknown:`` marker or outside the order (``unk
 its staleness cannot be bounded), or when a row's call was in flight across a sync (``spans:``
 marker, polar_recon/weight_versions.py: ``spans_versions``). Every drop is counted by reason and
 logged.
+
+Ranks (several training processes, e.g. ``accelerate launch``): TRL calls ``rollout_func`` on every
+rank and every rank opens its own ShardSource on the same directory. ``rank``/``world_size`` partition
+the groups: group ``k`` of shard ``shard-N`` (k = its position among the shard's groups) belongs to rank
+``(N + k) % world_size``. The owner depends only on the shard's sequence number and the group's place
+in it, never on when a rank listed the directory, so the ranks agree without talking, their groups
+are disjoint and their union is every group; the other ranks' groups are stepped over (not counted as
+drops). Each rank keeps its own cursor (its position in the same shard order) and saves it as
+``polar_shard_cursor.rank<R>.json`` (one file per rank; ``polar_shard_cursor.json`` with one process);
+a cursor records the world size it was made with and restoring it under another is refused (the
+partition would move groups between ranks: some repeated, some skipped). What happens when one rank
+runs out of groups before the others is the rollout's business (grpo.py ``ShardRollout``: the ranks
+wait in lockstep and stop together).
+
+Putting a group back (``push_back``): the rollout takes a group, finds it does not fit in what is left
+of the generation batch, and returns it; the source hands it out again first, and until then its
+cursor is the position before that group (a checkpoint never counts it as trained).
 """
 from __future__ import annotations
 
@@ -55,12 +72,26 @@ log = logging.getLogger(__name__)
 
 CURSOR_FILE = "polar_shard_cursor.json"
 
+
+def cursor_file(rank: int = 0, world_size: int = 1) -> str:
+    """The cursor's file name in a checkpoint: one per rank when there are several."""
+    return CURSOR_FILE if world_size <= 1 else f"polar_shard_cursor.rank{rank}.json"
+
+
+def group_owner(shard: str, index: int, world_size: int) -> int:
+    """The rank that trains group ``index`` of ``shard`` (module doc: Ranks)."""
+    seq = shard_seq(shard)
+    if seq is None:
+        raise ShardFormatError(f"{shard!r} is not a shard name")
+    return (seq + index) % world_size
+
 # The columns the trainer needs; the full contract has more (strategy, n_realign, model, ...).
 REQUIRED_COLUMNS = (
     "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
 )
 OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy",
-                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported",
+                    "termination", "realign_tokens", "realign_classes")
 
 
 class ShardFormatError(ValueError):
@@ -132,9 +163,14 @@ class ShardCursor:
     consumed: list[str] = field(default_factory=list)  # shards whose groups were all handed out
     current: str | None = None  # shard being handed out
     group_offset: int = 0  # groups of `current` handed out
+    rank: int = 0
+    world_size: int = 1  # the partition the cursor was made under (module doc: Ranks)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1) + "\n"
+        d = asdict(self)
+        if self.world_size <= 1:  # one process: the file stays what it always was
+            d.pop("rank"), d.pop("world_size")
+        return json.dumps(d, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> ShardCursor:
@@ -142,21 +178,28 @@ class ShardCursor:
         if not isinstance(d, dict) or not isinstance(d.get("consumed"), list):
             raise ValueError(f"not a shard cursor: {text[:200]!r}")
         return cls(consumed=[str(x) for x in d["consumed"]], current=d.get("current"),
-                   group_offset=int(d.get("group_offset", 0)))
+                   group_offset=int(d.get("group_offset", 0)), rank=int(d.get("rank", 0)),
+                   world_size=int(d.get("world_size", 1)))
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / CURSOR_FILE
+        path = Path(directory) / cursor_file(self.rank, self.world_size)
         tmp = path.with_name("." + CURSOR_FILE + ".tmp")
         tmp.write_text(self.to_json())
         tmp.replace(path)
         return path
 
     @classmethod
-    def load(cls, directory: str | Path) -> ShardCursor:
-        path = Path(directory) / CURSOR_FILE
+    def load(cls, directory: str | Path, rank: int = 0, world_size: int = 1) -> ShardCursor:
+        path = Path(directory) / cursor_file(rank, world_size)
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: the checkpoint has no shard cursor")
-        return cls.from_json(path.read_text())
+            others = sorted(p.name for p in Path(directory).glob("polar_shard_cursor*.json"))
+            raise FileNotFoundError(f"{path} not found: the checkpoint has no shard cursor for rank {rank} of "
+                                    f"{world_size} (it has {others}; resume with the world size it was saved with)")
+        c = cls.from_json(path.read_text())
+        if (c.rank, c.world_size) != (rank, world_size):
+            raise ValueError(f"{path} is the cursor of rank {c.rank} of {c.world_size}, not {rank} of {world_size}: "
+                             "resume with the world size the checkpoint was saved with (the partition differs)")
+        return c
 
 
 @dataclass
@@ -245,9 +288,12 @@ class ShardSource:
 
     def __init__(self, location: str, *, filesystem: pafs.FileSystem | None = None, poll_interval: float = 1.0,
                  max_policy_lag: int | None = None, drop_incomplete: bool = False,
-                 cursor: ShardCursor | None = None):
+                 cursor: ShardCursor | None = None, rank: int = 0, world_size: int = 1):
         if max_policy_lag is not None and max_policy_lag < 0:
             raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
+        if not (world_size >= 1 and 0 <= rank < world_size):
+            raise ValueError(f"rank {rank} of world_size {world_size}: need 0 <= rank < world_size")
+        self.rank, self.world_size = rank, world_size
         self.fs, self.path = resolve_filesystem(location, filesystem)
         self.location = location
         self.poll_interval = poll_interval
@@ -255,10 +301,16 @@ class ShardSource:
         self.drop_incomplete = drop_incomplete
         self.stats = SourceStats()
         self.versions = VersionOrder()
-        self.restore(cursor or ShardCursor())
+        self.restore(cursor or ShardCursor(rank=rank, world_size=world_size))
 
     # -- cursor ---------------------------------------------------------------------------------
     def restore(self, cursor: ShardCursor) -> None:
+        if cursor.world_size != self.world_size or cursor.rank != self.rank:
+            raise ValueError(f"cursor of rank {cursor.rank} of {cursor.world_size} given to the source of rank "
+                             f"{self.rank} of {self.world_size}: the partition differs (groups would repeat or be "
+                             "skipped); resume with the world size the checkpoint was made with")
+        self._pushed: tuple[Group, ShardCursor] | None = None
+        self._last_cursor: ShardCursor | None = None
         self._consumed = list(cursor.consumed)
         self._consumed_set = set(self._consumed)
         self._queued: deque[tuple[str, float]] = deque()
@@ -274,7 +326,18 @@ class ShardSource:
 
     @property
     def cursor(self) -> ShardCursor:
-        return ShardCursor(list(self._consumed), self._current, self._offset if self._current else 0)
+        if self._pushed is not None:  # the group put back is not handed out
+            return self._pushed[1]
+        return ShardCursor(list(self._consumed), self._current, self._offset if self._current else 0,
+                           self.rank, self.world_size)
+
+    def push_back(self, group: Group) -> None:
+        """Return the group ``try_next``/``next_group`` just handed out: it comes out again first."""
+        if self._pushed is not None or self._last_cursor is None or self._last_cursor[0] is not group:
+            raise RuntimeError("push_back takes only the group handed out last, once")
+        self._pushed = (group, self._last_cursor[1])
+        self._last_cursor = None
+        self.stats.groups_out -= 1
 
     # -- versions -------------------------------------------------------------------------------
     def set_current_version(self, version: int | str | None) -> None:
@@ -368,7 +431,13 @@ class ShardSource:
         return True
 
     def try_next(self) -> Group | None:
-        """The next group that passes the filters, without waiting; None if none is available now."""
+        """The next group of this rank that passes the filters, without waiting; None if none is available now."""
+        if self._pushed is not None:
+            g, before = self._pushed
+            self._pushed, self._last_cursor = None, (g, before)
+            self.stats.groups_out += 1
+            return g
+        before = self.cursor
         while True:
             if not self._advance():
                 self.poll()
@@ -377,9 +446,12 @@ class ShardSource:
             g = self._groups[self._offset]
             self._offset += 1
             self._finish_if_exhausted()
+            if self.world_size > 1 and group_owner(g.shard, g.index, self.world_size) != self.rank:
+                continue  # another rank's group
             reason = self.drop_reason(g)
             if reason is None:
                 self.stats.groups_out += 1
+                self._last_cursor = (g, before)
                 return g
             self.stats.dropped[reason[0]] += 1
             log.warning("dropping group %s of %s: %s", g.group_id, g.shard, reason[1])

@@ -18,6 +18,11 @@ sampling gives ratio 1 on-policy. Rows with ``raw`` or unknown logprobs stop tra
 (``vllm serve ... --logprobs-mode processed_logprobs``); rows whose sampling cannot be reproduced
 (``sampling_unsupported``: penalties, logit_bias, ...) are excluded with their episode, counted and
 logged. ``--vllm_importance_sampling_correction false`` trains on any rows without the correction.
+
+Advantages are per episode (grpo.py); groups are never cut for their segments; ``--shard_max_length``
+(default: the model's max_position_embeddings) excludes longer episodes, counted; ``--mask_truncated_completions``
+uses the shards' ``termination``. Several processes: ``accelerate launch --num_processes N -m trainer.train_grpo
+...``: each rank trains its own partition of the groups and checkpoints its own cursor.
 """
 from __future__ import annotations
 

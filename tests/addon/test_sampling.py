@@ -266,3 +266,53 @@ def test_mode_cache_backs_off_and_invalidates():
     assert m.mode("u") is None and m.entry("u").task == "new"
     m.done("u", g2, "scaled", 23.0)
     assert m.mode("u") == "scaled"
+
+
+def test_the_probe_sends_the_servers_key_and_falls_back_to_the_served_model():
+    """A server behind --api-key answers the probe only with the key; a model name the server does
+    not serve (a translated Messages call's "claude-...") falls back to /v1/models' first id."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            ok = self.headers.get("authorization") == "Bearer k"
+            self._send(200 if ok else 401, {"data": [{"id": "served"}]} if ok else {"error": "key"})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append((self.headers.get("authorization"), body["model"], body["temperature"]))
+            if self.headers.get("authorization") != "Bearer k":
+                return self._send(401, {"error": "key"})
+            if body["model"] != "served":
+                return self._send(404, {"error": "model"})
+            t = body["temperature"]  # a processed top-2 with logit gap 1.0 at T=1
+            a, b = _server_top2(torch.tensor([1.0, 0.0, -3.0]), "processed", t)
+            self._send(200, {"choices": [{"logprobs": {"content": [
+                {"top_logprobs": [{"logprob": a}, {"logprob": b}]}]}}]})
+
+    srv = HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_port}"
+    try:
+        from addon.logprobs_probe import probe_upstream
+
+        with pytest.raises(OSError):
+            probe_upstream(base, "served", 5)
+        assert probe_upstream(base, "claude-x", 5, {"Authorization": "Bearer k"}) == "processed"
+        assert [m for k, m, _ in seen if k] == ["claude-x", "served", "served"]
+    finally:
+        srv.shutdown()

@@ -15,9 +15,9 @@ from . import logs as L
 M = TurnMarkers.load(str(L.TOKENIZER_DIR))
 
 
-def kinds_of(path):
+def kinds_of(path, exclude_retries=False):
     ep = read_calls(path)
-    nodes = link_calls(ep.calls, M)
+    nodes = link_calls(ep.calls, M, exclude_retries=exclude_retries)
     chains = segments(nodes)
     return ep, nodes, chains
 
@@ -190,11 +190,19 @@ def test_retry_keeps_the_extended_branch(tmp_path):
         c.call(L.Sample("Check it.", "", [("run_shell", json.dumps({"command": "ls"}))]), results=["hello.txt"])
         c.call(L.Sample("Done.", "Done.", []))
     conv = L.episode(tmp_path, "e", run, harness="tidy")
+    # by default the rejected sample trains too, in its own segment (issue 15: no sample dropped)
     ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
+    assert [n.kind for n in nodes] == [FORK, FORK, CLEAN, CLEAN] and chains == [[0, 2, 3], [1]]
+    seqs = token_sequences(ep, M)
+    assert sorted(c for s in seqs for c in s.calls) == [0, 1, 2, 3]
+    # excluding rejected retries: counted, not trained
+    ep, nodes, chains = kinds_of(tmp_path / "e.arrow", exclude_retries=True)
     assert [n.kind for n in nodes] == [FORK, RETRY, CLEAN, CLEAN]
     assert np.array_equal(ep.calls[1].prompt, ep.calls[2].prompt)
     assert chains == [[0, 2, 3]]
-    assert_faithful(ep, nodes, token_sequences(ep, M), conv.recorded)
+    excluded = []
+    assert_faithful(ep, nodes, token_sequences(ep, M, nodes, excluded=excluded), conv.recorded)
+    assert excluded == [(ep.calls[1].row, "rejected retry")]
 
 
 def test_retry_where_the_first_answer_is_used(tmp_path):
@@ -210,10 +218,10 @@ def test_retry_where_the_first_answer_is_used(tmp_path):
         c.messages = after
         c.call(L.Sample("Done.", "Done.", []))
     conv = L.episode(tmp_path, "e", run, harness="tidy")
-    ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
+    ep, nodes, chains = kinds_of(tmp_path / "e.arrow", exclude_retries=True)
     assert [n.kind for n in nodes] == [FORK, CLEAN, RETRY, CLEAN]
     assert chains == [[0, 1, 3]]
-    assert_faithful(ep, nodes, token_sequences(ep, M), conv.recorded)
+    assert_faithful(ep, nodes, token_sequences(ep, M, nodes), conv.recorded)
 
 
 def test_auxiliary_and_cut_off_calls_are_left_out(tmp_path):

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from polar_recon.episodes import read_calls
+from polar_recon.fidelity import check_sequences
 from polar_recon.link import RETRY, link_calls, segments
 from polar_recon.strategies import token_sequences
 
@@ -91,10 +92,18 @@ def test_random_conversations_are_token_faithful(tmp_path_factory, harness, thin
 
     conv = L.episode(d, "p", run, harness=harness, thinking=thinking)
     ep = read_calls(d / "p.arrow")
-    nodes = link_calls(ep.calls, M)
+    # excluding rejected retries: the trajectory the harness kept is one segment per compaction
+    nodes = link_calls(ep.calls, M, exclude_retries=True)
     chains = segments(nodes)
-    seqs = token_sequences(ep, M, nodes)  # segments() again: it must give the same chains
+    excluded = []
+    seqs = token_sequences(ep, M, nodes, excluded=excluded)  # segments() again: it must give the same chains
     assert segments(nodes) == chains
     assert_faithful(ep, nodes, seqs, conv.recorded)
-    assert len(chains) == 1 + compactions, [(n.call.call_index, n.kind, n.note) for n in nodes]
+    assert len(seqs) == 1 + compactions, [(n.call.call_index, n.kind, n.note) for n in nodes]
     assert sum(n.kind == RETRY for n in nodes) == sum(not r.kept for r in conv.recorded)
+    assert check_sequences(ep, seqs, excluded, M) == []
+    # by default every sample trains: each rejected retry in its own segment, context faithful
+    excluded = []
+    seqs = token_sequences(ep, M, excluded=excluded)
+    assert check_sequences(ep, seqs, excluded, M) == []
+    assert len(seqs) == 1 + compactions + sum(s[0] == "retry" for s in steps)

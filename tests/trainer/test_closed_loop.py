@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -17,7 +18,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from harness_recipes.closed_loop import LoopConfig, answer_text, http, run_closed_loop, stack
+from harness_recipes.closed_loop import (
+    ARMS,
+    ArmRollout,
+    LoopConfig,
+    answer_text,
+    apply_arm,
+    derangement,
+    http,
+    run_closed_loop,
+    stack,
+)
 from harness_recipes.procs import venv_bin
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
 
@@ -90,7 +101,8 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
 
 @pytest.mark.parametrize("dialect,mode", [("vllm", "processed"), ("sglang", "scaled")])
 def test_closed_loop_reward_rises(tmp_path, tiny_dir, dialect, mode):
-    cfg = LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4, dialect=dialect)
+    # one call per episode, no held-out evaluation: this test is about the sampling columns and the IS ratio
+    cfg = LoopConfig(tmp_path, tiny_dir, steps=6, groups=3, group_size=4, dialect=dialect, turns=1, eval_samples=0)
     assert cfg.is_correction and cfg.temperature is cfg.top_k is cfg.top_p is None  # the server's defaults
     r = run_closed_loop(cfg)
     print(r.summary(), file=sys.stderr)
@@ -106,3 +118,105 @@ def test_closed_loop_reward_rises(tmp_path, tiny_dir, dialect, mode):
     assert [s["weight_version"] for s in r.syncs] == [str(k) for k in range(1, 7)]
     start, end = r.rewards[0], sum(r.rewards[-2:]) / 2
     assert end >= start + 0.3 and end >= 0.75, r.summary()
+
+
+# -- the ablation arms ------------------------------------------------------------------------------
+def batch() -> dict[str, list]:
+    """Two groups of two episodes as ShardRollout returns them: e1 has two segments, one padding row."""
+    rows = [("g0-e0", 1.0, [5, 6, 7, 8], [1, 1, 0, 1]), ("g0-e1", 0.0, [9, 10, 11], [1, 1, 1]),
+            ("g0-e1", 0.0, [12, 13], [1, 1]), (None, None, [14], [0]),
+            ("g1-e0", 0.0, [15, 16, 17], [1, 0, 1]), ("g1-e1", 1.0, [18, 19], [1, 1])]
+    return {"episode_id": [r[0] for r in rows], "reward": [r[1] for r in rows],
+            "completion_ids": [r[2] for r in rows], "env_mask": [r[3] for r in rows],
+            "logprobs": [[-0.5 - i if m else 0.0 for i, m in enumerate(r[3])] for r in rows],
+            "prompt_ids": [[1, 2]] * len(rows), "group_id": ["g0"] * 4 + ["g1"] * 2}
+
+
+def test_arm_transformations_do_what_they_claim():
+    b = batch()
+    same = {k: v for k, v in b.items()}
+    for arm in ("real", "lr0"):  # lr0 acts on the trainer config only
+        assert apply_arm(arm, b, random.Random(0)) == same
+    assert b == batch()  # never mutated in place
+
+    # shuffled: the rewards of episodes are deranged (a multiset kept, one reward per episode, padding None),
+    # and across seeds some episode gets another episode's reward
+    moved = False
+    for seed in range(10):
+        got = apply_arm("shuffled_rewards", b, random.Random(seed))
+        per_ep = {}
+        for e, r in zip(got["episode_id"], got["reward"]):
+            if e is None:
+                assert r is None
+            else:
+                assert per_ep.setdefault(e, r) == r  # both segments of g0-e1 keep one reward
+        assert sorted(per_ep.values()) == [0.0, 0.0, 1.0, 1.0]
+        moved |= got["reward"] != b["reward"]
+        assert {k: v for k, v in got.items() if k != "reward"} == {k: v for k, v in b.items() if k != "reward"}
+    assert moved
+    for n in (2, 3, 12):  # the permutation behind it moves every episode's reward away
+        for seed in range(20):
+            p = derangement(n, random.Random(seed))
+            assert sorted(p) == list(range(n)) and all(p[i] != i for i in range(n))
+
+    got = apply_arm("zero_mask", b, random.Random(0))
+    assert all(not any(m) for m in got["env_mask"]) and got["completion_ids"] == b["completion_ids"]
+
+    got = apply_arm("scrambled_ids", b, random.Random(0))
+    assert got["env_mask"] == b["env_mask"] and got["logprobs"] == b["logprobs"]
+    trainable = [(i, j) for i, m in enumerate(b["env_mask"]) for j, x in enumerate(m) if x]
+    untrained = [(i, j) for i, m in enumerate(b["env_mask"]) for j, x in enumerate(m) if not x]
+    assert all(got["completion_ids"][i][j] == b["completion_ids"][i][j] for i, j in untrained)
+    new = [got["completion_ids"][i][j] for i, j in trainable]
+    old = [b["completion_ids"][i][j] for i, j in trainable]
+    assert sorted(new) == sorted(old) and sum(x != y for x, y in zip(new, old)) >= len(old) // 2
+
+    got = apply_arm("shifted_mask", b, random.Random(0))
+    assert got["completion_ids"] == b["completion_ids"]
+    for m0, m1, l0, l1 in zip(b["env_mask"], got["env_mask"], b["logprobs"], got["logprobs"]):
+        assert m1 == [0, *m0[:-1]] and l1 == [0.0, *l0[:-1]]
+
+    with pytest.raises(ValueError, match="unknown arm 'nope'"):
+        ArmRollout(lambda p, t: b, "nope", 0)
+    assert ArmRollout(lambda p, t: b, "zero_mask", 0)([None], None)["env_mask"][0] == [0, 0, 0, 0]
+    assert set(ARMS) == {"real", "shuffled_rewards", "zero_mask", "scrambled_ids", "lr0", "shifted_mask"}
+
+
+# The matrix the test runs (bench/bench_closed_loop.py runs more seeds and steps; docs/benchmarks/trainer.md).
+ARM_SEEDS = (0,)
+ARM_STEPS, ARM_GROUPS, ARM_EVAL = 3, 2, 12
+# Margins, chosen from measured runs (see the docstring below): held-out and training reward.
+HELDOUT_MARGIN, TRAIN_MARGIN = 0.25, 0.25
+
+
+@pytest.mark.parametrize("seed", ARM_SEEDS)
+def test_closed_loop_real_arm_beats_every_ablation(tmp_path, seed):
+    """Two-turn episodes whose reward is decided by the second turn; every arm of the seed runs the same
+    target, the same sampling seeds and the same held-out episodes (prompts never trained on, sampled
+    from polar-serve after the last weight sync); only the arm's one transformation differs
+    (harness_recipes/closed_loop.py: ArmRollout, or lr 0). The real arm must beat every ablation on
+    held-out reward and on training gain by the margins above, and no ablation may improve on held-out.
+
+    Measured (this test's config: 3 steps x 2 groups x 4 episodes, 12 held-out episodes):
+    MEASURED
+    """
+    runs: dict = {}
+    for arm in ARMS:  # "real" first: it calibrates the target and evaluates version 0 for every arm
+        real = runs.get("real")
+        r = run_closed_loop(LoopConfig(tmp_path / arm, steps=ARM_STEPS, groups=ARM_GROUPS, group_size=4, seed=seed,
+                                       init_seed=seed, arm=arm, eval_samples=ARM_EVAL,
+                                       target=real and real.target, eval_before=real is None))
+        if real is not None:
+            r.heldout_before = real.heldout_before
+        runs[arm] = r
+        print(f"seed {seed}: {r.summary()}; train gain {r.train_gain():+.2f}", file=sys.stderr)
+    real = runs["real"]
+    before = real.heldout_before
+    assert real.heldout_after >= before + HELDOUT_MARGIN, real.summary()
+    for arm, r in runs.items():
+        if arm == "real":
+            continue
+        assert r.target == real.target and len(r.rewards) == ARM_STEPS, r.summary()
+        assert r.heldout_after <= before + 1 / ARM_EVAL, (arm, r.summary())  # no ablation improves
+        assert real.heldout_after >= r.heldout_after + HELDOUT_MARGIN, (arm, r.summary(), real.summary())
+        assert real.train_gain() >= r.train_gain() + TRAIN_MARGIN, (arm, r.summary(), real.summary())

@@ -169,3 +169,45 @@ def test_schema_is_the_contract():
     assert SHARD_SCHEMA.field("loss_mask").type == pa.list_(pa.int8())
     assert SHARD_SCHEMA.field("logprobs").type == pa.list_(pa.float32())
     assert SHARD_SCHEMA.field("weight_version").nullable
+
+
+def test_ranks_partition_and_resume_per_rank(tmp_path):
+    write_shard(tmp_path, 1, groups_rows(["a", "b", "c"]))
+    write_shard(tmp_path, 2, groups_rows(["d", "e"]))
+    write_shard(tmp_path, 3, groups_rows(["f"]))
+    ranks = [ShardSource(str(tmp_path), rank=r, world_size=2) for r in range(2)]
+    got = [drain(s) for s in ranks]
+    # owner = (shard seq + index in shard) % 2: shard 1 -> b (0), a c (1); shard 2 -> d (0), e (1); shard 3 -> f (1)
+    assert got == [["b", "d"], ["a", "c", "e", "f"]]
+    assert set(got[0]).isdisjoint(got[1]) and set(got[0]) | set(got[1]) == set("abcdef")
+    assert ShardSource(str(tmp_path), rank=0, world_size=1).world_size == 1 and drain(
+        ShardSource(str(tmp_path))) == list("abcdef")
+    # Each rank resumes its own partition from its own cursor file; another world size is refused.
+    r1 = ShardSource(str(tmp_path), rank=1, world_size=2)
+    assert [r1.try_next().group_id for _ in range(2)] == ["a", "c"]
+    path = r1.cursor.save(tmp_path)
+    assert path.name == "polar_shard_cursor.rank1.json"
+    resumed = ShardSource(str(tmp_path), rank=1, world_size=2, cursor=ShardCursor.load(tmp_path, 1, 2))
+    assert drain(resumed) == ["e", "f"]
+    with pytest.raises(ValueError, match="rank 1 of 2, not 1 of 3"):
+        ShardCursor.load(tmp_path, 1, 3)
+    with pytest.raises(FileNotFoundError, match="rank 2 of 3"):
+        ShardCursor.load(tmp_path, 2, 3)
+    with pytest.raises(ValueError, match="partition differs"):
+        ShardSource(str(tmp_path), rank=0, world_size=2, cursor=ShardCursor.load(tmp_path, 1, 2))
+    with pytest.raises(ValueError, match="rank 2 of world_size 2"):
+        ShardSource(str(tmp_path), rank=2, world_size=2)
+
+
+def test_push_back_hands_the_group_out_again_and_keeps_the_cursor_before_it(tmp_path):
+    write_shard(tmp_path, 1, groups_rows(["a", "b"]))
+    src = ShardSource(str(tmp_path))
+    assert src.try_next().group_id == "a"
+    b = src.try_next()
+    assert src.cursor == ShardCursor(["shard-000001.parquet"], None, 0)  # b was the shard's last group
+    src.push_back(b)
+    assert src.cursor == ShardCursor([], "shard-000001.parquet", 1)  # a checkpoint now would not count b
+    with pytest.raises(RuntimeError, match="push_back"):
+        src.push_back(b)
+    assert src.try_next() is b and src.stats.groups_out == 2
+    assert src.try_next() is None
