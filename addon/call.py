@@ -13,7 +13,7 @@ import orjson
 
 from . import chat, completions
 from . import sampling as sampling_rules
-from .capture import CallCapture, dumps_like, dumps_like_python
+from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
 from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
 from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
@@ -22,8 +22,28 @@ from .stream import StreamFilter, TranslatedStream
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
 # A secret key name as a JSON key, any case: one regex pass over the raw body (cheaper than
 # lower-casing 80 KB and searching each name).
-SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')"', re.I)
+# Also any \u escape of a printable ASCII character: JSON encoders never write one, but a key
+# spelled "api\u005fkey" is api_key to the server; such a body is parsed and redacted whole.
+SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS))
+                           + b')"|' + rb'\\u00[2-7][0-9a-f]', re.I)
 SECRET_MATCH_MAX = max(len(k) for k in SECRET_KEYS) + 2  # the longest match: a key and its quotes
+# A call may create at most this many rows (choices): n=200000 would be 200k rows and a 500 MB
+# log; the proxy refuses more (option polar_max_choices).
+MAX_CHOICES = 128
+# An integer of 19+ digits in a request: orjson reads integers past 64 bits as floats, so such
+# a body is parsed with the json module (exact ints) where the proxy re-serializes it.
+_BIG_INT = re.compile(rb"[:\[,]\s*-?\d{19}")
+
+
+class RequestRefused(Exception):
+    """A request the proxy refuses itself (400 in the harness's API's error shape); says why."""
+
+
+def loads_request(raw: bytes) -> Any:
+    """A request body, every integer exact (see _BIG_INT)."""
+    if _BIG_INT.search(raw) is not None:
+        return json.loads(raw)
+    return orjson.loads(raw)
 MAX_ERROR_BODY = 2000
 # The harness asked for prompt ids itself: its answer keeps them, so they must stay JSON lists
 # (idlists.PromptCache turns them into arrays, which only the proxy's own fields may be).
@@ -120,6 +140,11 @@ class CapturedCall:
     trash: list[Any] = field(default_factory=list)
     prompt_cache: Any = None  # idlists.PromptCache of the proxy (None: parse every answer whole)
     clean_requests: Any = None  # redact.CleanRequests of the proxy (None: scan every request whole)
+    max_choices: int = MAX_CHOICES
+    # credentials in the request's headers and query string: scrubbed from what an upstream
+    # error quotes back (error text and non-2xx answers only: a 200 answer never carries them)
+    header_secrets: list[str] = field(default_factory=list)
+    written: bool = False  # the rows are on disk (a stream's are written at its final event)
     # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
     sampling_defaults: Any = None
     # the row's sampling columns (sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
@@ -155,13 +180,14 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.model = model if isinstance(model, str) else None
         call.plan = plan_request(call.api, call.dialect, fields)
         call.stream = call.plan.stream
+        check_choices(call)
         added = {**call.plan.added, **resolve_sampling(call, fields)}
         if any(k in fields for k in added):  # the harness set one (to false, null): re-serialize
-            return add_fields(raw, orjson.loads(raw), added)
+            return add_fields(raw, loads_request(raw), added)
         return splice_fields(raw, size > 0, added)
     try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
+        body = loads_request(raw) if raw else None
+    except ValueError as exc:  # (orjson.JSONDecodeError and json's are ValueErrors)
         call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
         call.request_text = log_request_text(raw, None, secrets=call.secrets)
         return None
@@ -181,10 +207,20 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.auxiliary = bool(call.translator.auxiliary)
         call.plan = plan_request("chat", call.dialect, chat_body)
         call.stream = call.plan.stream
+        check_choices(call)
         return dumps_like_python({**chat_body, **call.plan.added, **resolve_sampling(call, chat_body)})
     call.plan = plan_request(call.api, call.dialect, body)
     call.stream = call.plan.stream
+    check_choices(call)
     return add_fields(raw, body, {**call.plan.added, **resolve_sampling(call, body)})
+
+
+def check_choices(call: CapturedCall) -> None:
+    """Bound what one call may create: n choices are n rows."""
+    n = call.plan.n_asked if call.plan is not None else 1
+    if n > call.max_choices:
+        raise RequestRefused(f"n={n} asks for more choices than this proxy records in one call "
+                             f"(polar_max_choices={call.max_choices}); ask for fewer, or raise the option")
 
 
 def finish_request_text(call: CapturedCall) -> None:
@@ -236,9 +272,12 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     try:
         obj = cache.loads(call.episode_id, body) if cache is not None else orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        call.errors.append(f"response is not JSON ({exc}); passed through")
-        call.response_text = body
-        return None
+        try:  # valid JSON orjson refuses (a lone surrogate escape): the json module reads it
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            call.errors.append(f"response is not JSON ({exc}); passed through")
+            call.response_text = body
+            return None
     if not isinstance(obj, dict):
         call.errors.append("response is not a JSON object; passed through")
         call.response_text = body
@@ -254,11 +293,25 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
         return out
     changed = strip_response(call.plan, obj)
     if changed:
-        out = dumps_like(body)(obj)
+        out = None
+        if call.plan.harness_logprobs and json_style(body) == COMPACT_UTF8:  # its floats as the server printed them
+            plan = call.plan
+            out = dumps_faithful(body, lambda o: strip_response(plan, o))
+        if out is None:
+            out = dumps_like_safe(body, obj)
         call.response_text = out
         return out
     call.response_text = body
     return None
+
+
+def stream_final(call: CapturedCall) -> None:
+    """At the stream's final event ([DONE]): what the row needs from the stream, taken now (the
+    row is written before [DONE] goes to the harness)."""
+    t = call.transform
+    if getattr(t, "mid_stream_error", None) is not None:
+        call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
+    call.response_text = t.response_text()
 
 
 def finish_stream(call: CapturedCall, error: str | None = None) -> None:
@@ -266,13 +319,12 @@ def finish_stream(call: CapturedCall, error: str | None = None) -> None:
     t = call.transform
     if t is None:
         return
-    if error is None and not t.closed:
-        t.close()
-    if error is None and not t.saw_done:
-        call.errors.append("stream ended without [DONE]")
-    if getattr(t, "mid_stream_error", None) is not None:
-        call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
-    call.response_text = t.response_text()
+    if not call.written:  # (else the row was written at the final event: nothing goes into it now)
+        if error is None and not t.closed:
+            t.close()
+        if error is None and not t.saw_done:
+            call.errors.append("stream ended without [DONE]")
+        stream_final(call)
     t.release()
     call.transform = None
 
@@ -290,6 +342,11 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
     # a server that echoes the request (a validation error's "input") must not carry the
     # harness's key into the row either (a no-op for the requests without secrets)
     scrub = Scrubber(call.secrets)
+    if call.header_secrets:
+        hscrub = Scrubber(call.header_secrets)
+        errors = [hscrub(e) for e in errors]
+        if call.status is None or not 200 <= call.status < 300:
+            call.response_text = hscrub(call.response_text)
     errors, notes = [scrub(e) for e in errors], [scrub(n) for n in notes]
     call.response_text = scrub(call.response_text)
     base = dict(

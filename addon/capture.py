@@ -22,7 +22,10 @@ from .dialects import Plan
 def dumps_like_python(obj: Any) -> bytes:
     """Re-serialize the way Python JSON servers do (FastAPI: compact separators, UTF-8 kept), so an
     event the proxy changed differs from the server's bytes only where it removed something."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode()
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode()
+    except UnicodeEncodeError:  # a lone surrogate (valid JSON, no UTF-8): escaped, as the server wrote it
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=True).encode()
 
 
 _FIRST_SEP = re.compile(rb'\A\s*[\[{]\s*"(?:[^"\\]|\\.)*"(\s*):(\s*)')
@@ -38,6 +41,31 @@ def dumps_fast(obj: Any) -> bytes:
     ensure_ascii=False) for strings, ints, bools and null, 5x faster. Not for floats (orjson
     writes 1e-05 as 0.00001), so only for objects the proxy knows carry none."""
     return orjson.dumps(obj)
+
+
+def _int_text(s: str) -> Any:
+    return int(s) if len(s) < 19 else orjson.Fragment(s)  # (orjson writes no int past 64 bits)
+
+
+def loads_faithful(raw: bytes | str) -> Any:
+    """Parse keeping every number as the server printed it (floats, NaN/Infinity and integers
+    past 64 bits as orjson.Fragment of their text): ``orjson.dumps`` of the result writes them back
+    byte for byte. (A float through Python prints ``-1.19e-07`` where pydantic-core and orjson
+    printed ``-1.19e-7``.) Slower than orjson.loads: only for answers whose floats the harness
+    gets (it asked for logprobs itself)."""
+    return json.loads(raw, parse_float=orjson.Fragment, parse_int=_int_text, parse_constant=orjson.Fragment)
+
+
+def dumps_faithful(raw: bytes, strip: Callable[[Any], Any]) -> bytes | None:
+    """``raw`` (compact UTF-8 JSON, as pydantic, orjson and FastAPI write it) re-serialized after
+    ``strip(obj)`` with every number's original text; None where that cannot be done (a lone
+    surrogate orjson refuses: the caller falls back)."""
+    try:
+        obj = loads_faithful(raw)
+        strip(obj)
+        return orjson.dumps(obj)
+    except (TypeError, ValueError, orjson.JSONEncodeError):
+        return None
 
 
 def json_style(raw: bytes) -> tuple[str, str, bool]:
@@ -63,8 +91,32 @@ def dumps_like(raw: bytes) -> Callable[[Any], bytes]:
     return fn
 
 
+# Token ids are int32 (the log's type): null, a float, a bool or a value past int32 in an id list
+# is a malformed answer, recorded as the row's error (never an exception out of a hook).
+BAD_IDS = "not all int32 (null, float or out of range)"
+
+
+def int32_array(ids: list) -> array | None:
+    """``array('i', ids)``, or None when an element is not an int32."""
+    try:
+        out = array("i", ids)
+    except (TypeError, OverflowError):
+        return None
+    return out
+
+
+def dumps_like_safe(raw: bytes, obj: Any) -> bytes:
+    """``dumps_like(raw)(obj)``; where a lone surrogate (valid JSON, read by the json module)
+    cannot be written as UTF-8, it is written escaped, as the server wrote it."""
+    try:
+        return dumps_like(raw)(obj)
+    except UnicodeEncodeError:
+        item, kv, _ = json_style(raw)
+        return json.dumps(obj, ensure_ascii=True, separators=(item, kv), allow_nan=True).encode()
+
+
 class ChoiceAcc:
-    __slots__ = ("ids", "lps", "lp_count_bad", "finish", "prompt", "seen_ids", "seen_lps")
+    __slots__ = ("ids", "lps", "lp_count_bad", "finish", "prompt", "seen_ids", "seen_lps", "bad")
 
     def __init__(self) -> None:
         self.ids = array("i")
@@ -74,16 +126,33 @@ class ChoiceAcc:
         self.prompt: array | None = None  # per-choice prompt (SGLang / completions)
         self.seen_ids = False
         self.seen_lps = False
+        self.bad: str | None = None  # what was malformed in this choice's ids (the row's error)
 
     def add_ids(self, ids: Any) -> None:
         if isinstance(ids, list):
-            self.ids.extend(ids)
+            try:
+                self.ids.extend(ids)  # (array.extend checks every element: all or nothing)
+            except (TypeError, OverflowError):
+                self.bad = f"completion token ids {BAD_IDS}"
             self.seen_ids = True
 
     def set_ids(self, ids: Any) -> None:
         if isinstance(ids, list):
-            self.ids = array("i", ids)
+            a = int32_array(ids)
+            if a is None:
+                self.bad = f"completion token ids {BAD_IDS}"
+            else:
+                self.ids = a
             self.seen_ids = True
+
+    def set_prompt(self, ids: Any) -> None:
+        if isinstance(ids, list):
+            a = int32_array(ids)
+            if a is None:
+                self.bad = f"prompt token ids {BAD_IDS}"
+            self.prompt = a
+        elif isinstance(ids, array):
+            self.prompt = ids
 
     def add_lp_entries(self, content: list) -> None:
         """Chat ``logprobs.content`` entries: each entry's ``logprob`` (None or a non-dict entry
@@ -112,6 +181,10 @@ class CallCapture:
     choices: dict[int, ChoiceAcc] = field(default_factory=dict)
     weight_version: str | None = None
     notes: list[str] = field(default_factory=list)
+    # what makes every row of the call doubtful (an event that could not be parsed, a chunk that
+    # could not be read): the rows' error, their ids not trusted
+    errors: list[str] = field(default_factory=list)
+    bad_prompt: str | None = None
 
     def choice(self, index: Any) -> ChoiceAcc:
         i = index if isinstance(index, int) else 0
@@ -122,7 +195,10 @@ class CallCapture:
 
     def set_prompt(self, ids: Any) -> None:
         if isinstance(ids, list):
-            self.prompt = array("i", ids)
+            a = int32_array(ids)
+            if a is None:
+                self.bad_prompt = f"prompt token ids {BAD_IDS}"
+            self.prompt = a
         elif isinstance(ids, array):  # already parsed by idlists.PromptCache (never mutated)
             self.prompt = ids
 
@@ -134,8 +210,11 @@ class CallCapture:
         for i in indices:
             acc = self.choices.get(i) or ChoiceAcc()
             prompt = acc.prompt if acc.prompt is not None else self.prompt
-            errors = []
-            if prompt is None:
+            errors = list(self.errors)
+            for bad in (self.bad_prompt if acc.prompt is None else None, acc.bad):
+                if bad:
+                    errors.append(f"malformed answer: {bad}")
+            if prompt is None and not errors:
                 errors.append("server returned no prompt token ids")
             if not acc.seen_ids:
                 errors.append("server returned no completion token ids")

@@ -19,10 +19,8 @@ def extract(cap: CallCapture, obj: dict) -> None:
             continue
         acc = cap.choice(ch.get("index", 0))
         pids = ch.get("prompt_token_ids")
-        if isinstance(pids, list):
-            acc.prompt = array("i", pids)
-        elif isinstance(pids, array):  # parsed by idlists.PromptCache
-            acc.prompt = pids
+        if isinstance(pids, (list, array)):  # (an array: parsed by idlists.PromptCache)
+            acc.set_prompt(pids)
         if "token_ids" in ch:
             acc.add_ids(ch["token_ids"])
         lp = ch.get("logprobs")

@@ -47,6 +47,7 @@ class Plan:
     added: dict[str, Any] = field(default_factory=dict)  # request fields the proxy set
     harness_logprobs: bool = False  # the harness asked for logprobs itself: keep them
     n: int = 1
+    n_asked: int = 1  # n as the server will read it (the proxy bounds it: call.check_choices)
     echo: bool = False
     harness_flags: frozenset = frozenset()  # id/meta flags the harness set truthy itself
     # vLLM completions with echo, where the proxy asked for the ids: the prompt text of each prompt,
@@ -65,10 +66,44 @@ class Plan:
         return _strip_setup(self)
 
 
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_bool(v: Any) -> bool | None:
+    """A boolean request field as vLLM and SGLang read it (pydantic's lax mode): true, 1, 1.0,
+    "true"/"yes"/"on"/"1"... (any case); None when the server would refuse the value (its
+    validation error then answers the call)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return True if v == 1 else False if v == 0 else None
+    if isinstance(v, str):
+        low = v.strip().lower()
+        return True if low in _TRUE else False if low in _FALSE else None
+    return None
+
+
+def lax_int(v: Any) -> int | None:
+    """An integer request field as pydantic's lax mode reads it: 5, 5.0, "5"; else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
 def _wants_logprobs(api: str, body: dict) -> bool:
     lp = body.get("logprobs")
     if api == "chat":
-        return lp is True
+        return lax_bool(lp) is True
     return lp is not None and lp is not False  # completions: an int (0 is a request too)
 
 
@@ -89,7 +124,7 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
     """Decide the fields to add; the caller applies ``plan.added`` to the body."""
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}; expected one of {DIALECTS}")
-    stream = body.get("stream") is True
+    stream = lax_bool(body.get("stream")) is True  # ("stream": "true" or 1 streams too)
     harness_lp = _wants_logprobs(api, body)
     added: dict[str, Any] = {}
     if not harness_lp:
@@ -107,12 +142,13 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
         added["return_meta_info"] = True  # for meta_info.weight_version (removed from the answer)
     else:
         added["return_token_ids"] = True
-    own = frozenset(k for k in added if k != "logprobs" and body.get(k))
+    own = frozenset(k for k in added if k != "logprobs" and lax_bool(body.get(k)))
     for k in own:  # the harness asked for it: nothing to add, and its answer keeps the field
         del added[k]
-    n = body.get("n")
-    plan = Plan(api, dialect, stream, added, harness_lp, n if isinstance(n, int) and n > 0 else 1,
-                echo=bool(body.get("echo")), harness_flags=own)
+    n = lax_int(body.get("n"))
+    plan = Plan(api, dialect, stream, added, harness_lp, n if n is not None and n > 0 else 1,
+                echo=bool(lax_bool(body.get("echo"))), harness_flags=own)
+    plan.n_asked = plan.n
     if plan.echo and api == "completions" and dialect == "vllm":
         plan_echo(plan, body)
     return plan

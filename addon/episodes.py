@@ -6,20 +6,29 @@ In-flight calls: every call is counted from its request (``begin_call``) until i
 stream still running) does not cut them off: the episode is marked *ending* (new calls to it are
 refused), and the end record is written right after the last in-flight call's row, so the file
 still ends with its end record and no completed call is lost.
+
+Storage faults: a call whose row cannot be written is noted as lost (``record`` raises, the proxy
+answers the harness 503): the writer puts an "incomplete" row in before its next row and the end
+record says ``discard`` (polar_recon never builds the episode). Descriptors are bounded: at most
+``max_open`` writers hold their file open; the least recently used are suspended (fd closed,
+state kept) and reopen on their next row.
 """
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from polar_recon.episode_ids import episode_path
+from polar_recon.logtable import LogError
 from polar_recon.logwriter import EpisodeFinished, EpisodeWriter
 
 # Recent call sequences a writer keeps to compress the next prompt against: agent loops extend
 # the previous call, so a few suffice, and each can be ~100 KB of ids.
 KEEP_RECENT = 4
+MAX_OPEN = 128  # default bound on open log descriptors (option polar_max_open_logs)
 
 
 class EpisodeEnding(EpisodeFinished):
@@ -34,10 +43,13 @@ class _Pending:
 
 
 class Episodes:
-    def __init__(self, logdir: str | Path, fsync: bool = False):
+    def __init__(self, logdir: str | Path, fsync: bool = False, max_open: int = MAX_OPEN):
         self.logdir = Path(logdir)
         self.fsync = fsync
+        self.max_open = max(1, max_open)
         self._writers: dict[str, EpisodeWriter] = {}
+        self._open: OrderedDict[str, None] = OrderedDict()  # episodes whose writer holds an fd, LRU
+        self._lost: dict[str, list[tuple[int | None, str]]] = {}  # lost before a writer could open
         self._inflight: dict[str, int] = {}
         self._ending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -52,9 +64,47 @@ class Episodes:
         if w is None or w.finished:
             self.logdir.mkdir(parents=True, exist_ok=True)
             w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id,
-                              fsync=self.fsync, keep=KEEP_RECENT)
+                              fsync=self.fsync, keep=KEEP_RECENT)  # (closes its fd if it fails)
+            for idx, reason in self._lost.pop(episode_id, ()):
+                w.note_lost(idx, reason)
             self._writers[episode_id] = w
+        self._touch(episode_id)
         return w
+
+    def _touch(self, episode_id: str) -> None:
+        """The episode's writer holds (or is about to hold) an fd: most recently used; suspend
+        the least recently used beyond max_open."""
+        self._open[episode_id] = None
+        self._open.move_to_end(episode_id)
+        while len(self._open) > self.max_open:
+            old, _ = self._open.popitem(last=False)
+            w = self._writers.get(old)
+            if w is not None:
+                w.suspend()
+
+    def record(self, episode_id: str, call_index: int, rows: list[dict[str, Any]]) -> None:
+        """Write a call's rows. On a storage fault (OSError, LogError) the call is noted as lost
+        (the episode becomes incomplete) and the error raised: the caller must not answer the
+        call as a success."""
+        try:
+            with self._lock:
+                w = self._writer_locked(episode_id)
+            for row in rows:
+                w.append_call(call_index=call_index, **row)
+        except EpisodeFinished:
+            raise
+        except (OSError, LogError) as exc:
+            self.note_lost(episode_id, call_index, f"call {call_index} could not be recorded ({exc}); "
+                                                   f"the harness was answered with an error")
+            raise
+
+    def note_lost(self, episode_id: str, call_index: int | None, reason: str) -> None:
+        with self._lock:
+            w = self._writers.get(episode_id)
+            if w is not None and not w.finished:
+                w.note_lost(call_index, reason)
+            else:
+                self._lost.setdefault(episode_id, []).append((call_index, reason))
 
     def begin_call(self, episode_id: str) -> tuple[EpisodeWriter, int]:
         """A new call: (writer, call_index). Raises EpisodeFinished / EpisodeEnding."""
@@ -102,12 +152,13 @@ class Episodes:
 
     def _finish(self, episode_id: str, reward: float | None, metadata: dict[str, Any]) -> int:
         with self._lock:
-            w = self._writers.pop(episode_id, None)
-            if w is None:
-                w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id, fsync=self.fsync,
-                                  keep=KEEP_RECENT)
+            w = self._writer_locked(episode_id)
         calls = w.calls_written
-        w.end(reward, metadata)
+        w.end(reward, metadata)  # (a storage fault raises here: the writer stays, the end can be retried)
+        with self._lock:
+            if self._writers.get(episode_id) is w:
+                del self._writers[episode_id]
+            self._open.pop(episode_id, None)
         return calls
 
     def close_all(self) -> None:
@@ -119,14 +170,18 @@ class Episodes:
         for eid, p in pending.items():
             try:
                 n = self._finish(eid, p.reward, p.metadata)
-            except EpisodeFinished:
+            except (EpisodeFinished, OSError, LogError):
                 continue
             for cb in p.waiters:
                 cb(n)
         with self._lock:
             writers, self._writers = list(self._writers.values()), {}
+            self._open.clear()
         for w in writers:
-            w.close()
+            try:
+                w.close()
+            except OSError:  # (a full disk refuses the end-of-stream marker: readers do without)
+                pass
 
 
 __all__ = ["Episodes", "EpisodeFinished", "EpisodeEnding"]

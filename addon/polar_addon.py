@@ -27,16 +27,17 @@ from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
 from addon.dialects import DIALECTS, dialect_from_models
-from addon.episodes import EpisodeFinished, Episodes
+from addon.episodes import MAX_OPEN, EpisodeFinished, Episodes
 from addon.idlists import PromptCache
 from addon.logprobs_probe import PROBE_TIMEOUT, ModeCache, probe_upstream
 from addon.mitmproxy_patches import FastDispatch, Tuning
-from addon.redact import CleanRequests
+from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
 from addon.sampling import GenerationConfigError, load_generation_config
 from addon.server_weights import KINDS as SERVER_KINDS
 from addon.translate import TranslationError, translator_for
 from addon.weight_hold import SYNC_PATH, HoldTimeout, SyncRequestError, UpstreamWeights, parse_sync_body
+from polar_recon.logtable import LogError
 from polar_recon.logwriter import warm_up
 
 log = logging.getLogger("polar")
@@ -49,6 +50,20 @@ def _json_response(status: int, obj: dict) -> http.Response:
 
 def _error_response(status: int, message: str) -> http.Response:
     return _json_response(status, {"error": {"message": message, "type": "polar_proxy_error", "code": status}})
+
+
+def _api_error(c: calls.CapturedCall, status: int, message: str) -> http.Response:
+    """An answer the proxy gives itself, in the harness's API's error shape."""
+    if c.translator is not None:
+        body, ctype = c.translator.error_body(status, message)
+        return http.Response.make(status, body, {"content-type": ctype})
+    return _error_response(status, message)
+
+
+def _storage_message(exc: BaseException) -> str:
+    return (f"polar proxy could not record this call, so it is not answered as a success: the episode "
+            f"log cannot be written ({type(exc).__name__}: {exc}). The episode is marked incomplete; "
+            f"calls are recorded again once the log directory is writable.")
 
 
 _FEW = frozenset({b"x-polar-episode", b"content-encoding", b"transfer-encoding"})
@@ -85,6 +100,8 @@ class PolarAddon:
         self.prompt_cache = PromptCache()  # each episode's last prompt id list (idlists.py)
         # each episode's last request without secret keys (redact.py): the next scan reads the change
         self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
+        # flows with a call in flight (SIGTERM: their rows go in before the pending end records)
+        self._live: dict[int, http.HTTPFlow] = {}
         self._weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
         self._weights_lock: asyncio.Lock | None = None
         # sampling defaults of the served model (sampling.py; None: polar_generation_config unset)
@@ -106,6 +123,11 @@ class PolarAddon:
         loader.add_option("polar_end_wait_ms", int, 5000,
                           "POST /polar/<id>/end with calls of the episode still in flight: milliseconds to wait "
                           "for them before answering 202 (the end record is written after the last one either way).")
+        loader.add_option("polar_max_open_logs", int, MAX_OPEN,
+                          "At most this many episode logs hold an open file descriptor; the least recently "
+                          "used are closed and reopened on their next row (episodes never ended cost no fd).")
+        loader.add_option("polar_max_choices", int, calls.MAX_CHOICES,
+                          "Refuse (400) a call asking for more than this many choices (n): each is a log row.")
         loader.add_option("polar_server_kind", str, "auto",
                           "What the upstream is, for its weight version and POST /polar/@weights syncs: vllm (real "
                           "vLLM with VLLM_SERVER_DEV_MODE=1) | sglang | polar-serve | auto (the first of GET "
@@ -139,6 +161,11 @@ class PolarAddon:
                 check_episode_id(o.polar_episode, "option polar_episode")
             except RouteError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
+        for name in ("polar_max_open_logs", "polar_max_choices"):
+            if name in updated and getattr(o, name) < 1:
+                raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
+        if "polar_max_open_logs" in updated and self.episodes is not None:
+            self.episodes.max_open = o.polar_max_open_logs
         if "polar_end_wait_ms" in updated and o.polar_end_wait_ms < 0:
             raise exceptions.OptionsError(f"polar_end_wait_ms must be >= 0, not {o.polar_end_wait_ms}")
         if updated & {"polar_server_kind", "polar_sync_hold_max_ms", "polar_sync_drain_ms"}:
@@ -181,7 +208,7 @@ class PolarAddon:
                 raise exceptions.OptionsError(f"polar_logdir {o.polar_logdir!r} is not writable")
             if self.episodes is not None:
                 self.episodes.close_all()
-            self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync)
+            self.episodes = Episodes(o.polar_logdir, fsync=o.polar_fsync, max_open=o.polar_max_open_logs)
             warm_up()
 
     # -- hooks ------------------------------------------------------------------------------------
@@ -224,12 +251,18 @@ class PolarAddon:
         except EpisodeFinished as exc:
             flow.response = _error_response(409, f"{exc}; use a new episode id for new calls")
             return
+        except (OSError, LogError) as exc:  # the log cannot be opened: never forward a call unrecorded
+            log.error("polar: episode %s: %s", r.episode_id, exc)
+            flow.response = _error_response(503, _storage_message(exc))
+            return
         try:
             dialect = await self._dialect(flow)
             c = calls.CapturedCall(r.episode_id, call_index, api, dialect, t_start, b"")
             c.translator = translator
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
+            c.max_choices = ctx.options.polar_max_choices
+            c.header_secrets = credential_values(req.headers.fields, path)
             c.sampling_defaults = self.sampling_defaults
             ok = self._prepare(flow, c, heads)
             if ok:
@@ -242,6 +275,7 @@ class PolarAddon:
             raise
         if ok:
             flow.metadata[META] = c
+            self._live[id(flow)] = flow
             # runs once the request is on its way upstream, while the server works
             asyncio.get_running_loop().call_soon(self._after_send, c)
         else:
@@ -264,6 +298,11 @@ class PolarAddon:
             c.status = 400
             body, ctype = c.translator.error_body(400, str(exc))  # the API's own error shape
             flow.response = http.Response.make(400, body, {"content-type": ctype})
+            return False
+        except calls.RequestRefused as exc:
+            c.errors.append(f"request refused by the proxy: {exc}")
+            c.status = 400
+            flow.response = _api_error(c, 400, str(exc))
             return False
         except Exception as exc:  # noqa: BLE001 - a translator bug: answer, log, keep serving
             log.exception("polar: could not prepare call %s of episode %s", c.call_index, c.episode_id)
@@ -467,6 +506,11 @@ class PolarAddon:
         except EpisodeFinished as exc:
             flow.response = _error_response(409, str(exc))
             return
+        except (OSError, LogError) as exc:  # the end record is not on disk: the caller may retry
+            log.error("polar: episode %s: end record not written: %s", episode_id, exc)
+            flow.response = _error_response(503, f"polar proxy could not write the end record of episode "
+                                                 f"{episode_id!r} ({type(exc).__name__}: {exc}); retry the end")
+            return
         if n is None:
             pending = self.episodes.inflight(episode_id)
             try:
@@ -486,32 +530,49 @@ class PolarAddon:
         c.header_weight_version = flow.response.headers.get(calls.WEIGHT_VERSION_HEADER)
         transform = calls.start_response(c, flow.response.status_code, flow.response.headers.get("content-type", ""))
         if transform is not None:
+            transform.on_final = lambda: self._final(c)
             flow.response.stream = transform
             flow.response.headers.pop("content-length", None)  # the filter changes the length
 
+    def _final(self, c: calls.CapturedCall) -> str | None:
+        """A stream's final event ([DONE]) arrived: its row is written before the harness gets
+        it (stream.py). Returns why the row could not be written (the harness gets an error
+        event instead of [DONE]), or None."""
+        calls.stream_final(c)
+        return self._write(c)
+
     def response(self, flow: http.HTTPFlow) -> None:
         c: calls.CapturedCall | None = flow.metadata.pop(META, None)
+        self._live.pop(id(flow), None)
         if c is None:
             return
         resp = flow.response
-        if c.transform is not None:
-            calls.finish_stream(c)
-        else:
-            try:
-                body = resp.content or b""
-            except ValueError:
-                body = resp.raw_content or b""
-            new = calls.finish_body(c, resp.status_code, body)
-            if new is not None:
-                if c.reply is not None:  # a translated error answer
-                    resp.status_code, resp.headers["content-type"] = c.reply
-                resp.content = new
-        self._write(c)
+        streamed = c.transform is not None  # (then the answer is on its way: a failed row is told at [DONE])
+        try:
+            if streamed:
+                calls.finish_stream(c)
+            else:
+                try:
+                    body = resp.content or b""
+                except ValueError:
+                    body = resp.raw_content or b""
+                new = calls.finish_body(c, resp.status_code, body)
+                if new is not None:
+                    if c.reply is not None:  # a translated error answer
+                        resp.status_code, resp.headers["content-type"] = c.reply
+                    resp.content = new
+        except Exception as exc:  # noqa: BLE001 - (a bug) the call still gets its row and leaves the in-flight count
+            log.exception("polar: call %s of episode %s", c.call_index, c.episode_id)
+            c.errors.append(f"polar proxy failed to process the answer ({type(exc).__name__}: {exc})")
+        failed = self._write(c)
+        if failed is not None and not streamed:
+            flow.response = _api_error(c, 503, failed)  # not recorded: never answered as a success
         if c.trash:  # freed once the answer is on its way (not SIGKILL-relevant: the row is written)
             asyncio.get_running_loop().call_soon(c.drop_trash)
 
     def error(self, flow: http.HTTPFlow) -> None:
         c: calls.CapturedCall | None = flow.metadata.pop(META, None)
+        self._live.pop(id(flow), None)
         if c is None:
             return
         msg = flow.error.msg if flow.error else "unknown error"
@@ -521,14 +582,22 @@ class PolarAddon:
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
-    def _write(self, c: calls.CapturedCall, error: str | None = None) -> None:
+    def _write(self, c: calls.CapturedCall, error: str | None = None) -> str | None:
+        """Write the call's rows (once). Returns None when they are on disk, else why not: the
+        caller must not answer the call as a success (the episode is marked incomplete)."""
+        if c.written:
+            return None
+        c.written = True
+        failed = None
         try:
             rows = calls.rows(c, time.time(), error)
-            w = self.episodes.writer(c.episode_id)
-            for row in rows:
-                w.append_call(call_index=c.call_index, **row)
-        except Exception as exc:  # noqa: BLE001 - never take the proxy down for one row
+            self.episodes.record(c.episode_id, c.call_index, rows)
+        except (OSError, LogError) as exc:
             log.error("polar: could not log call %s of episode %s: %s", c.call_index, c.episode_id, exc)
+            failed = _storage_message(exc)
+        except Exception as exc:  # noqa: BLE001 - never take the proxy down for one row
+            log.exception("polar: could not log call %s of episode %s", c.call_index, c.episode_id)
+            failed = f"polar proxy could not record this call ({type(exc).__name__}: {exc})"
         finally:
             if c.weight_ticket is not None:  # (after its row: a sync's drain waits for it)
                 c.weight_hold.finish(c.weight_ticket)
@@ -536,8 +605,20 @@ class PolarAddon:
                 self.episodes.call_done(c.episode_id)  # may write a deferred end record
             except Exception as exc:  # noqa: BLE001
                 log.error("polar: could not end episode %s: %s", c.episode_id, exc)
+        return failed
 
     def done(self) -> None:
+        # Calls still in flight (a stream SIGTERM interrupted) get their rows first: a pending end
+        # record must follow them, and the flows' error hooks run after this (nothing left then).
+        for flow in list(self._live.values()):
+            c = flow.metadata.pop(META, None)
+            if c is None:
+                continue
+            msg = "polar proxy shut down"
+            where = "mid-stream" if c.transform is not None else "before a response"
+            calls.finish_stream(c, error=msg)
+            self._write(c, error=f"connection failed {where}: {msg}")
+        self._live.clear()
         if self.episodes is not None:
             self.episodes.close_all()
 

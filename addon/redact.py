@@ -6,6 +6,7 @@ import json
 import re
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import unquote_plus
 
 from polar_recon.prefix import shared_ends
 
@@ -14,6 +15,29 @@ REDACTED = "[redacted]"
 # Lower-case names. Headers and JSON keys with these names never reach a log.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"})
 SECRET_KEYS = frozenset({"api_key", "api-key", "apikey", "x-api-key", "authorization", "access_token"})
+
+
+_QUERY_SECRET = re.compile(r"(?:^|[?&;])([^=&;]*)=([^&;#]*)")
+
+
+def credential_values(fields, path: str = "") -> list[str]:
+    """The credentials a request carries outside its body: secret headers' values (and the token
+    after an ``Authorization`` scheme such as ``Bearer``), and the values of query parameters
+    with a secret key's name. An upstream error may quote any of them back."""
+    out: list[str] = []
+    for name, value in fields:
+        n = name.decode("latin-1").lower() if isinstance(name, bytes) else str(name).lower()
+        if n in SECRET_HEADERS:
+            v = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            out.append(v)
+            token = v.partition(" ")[2]
+            if token.strip():
+                out.append(token.strip())
+    if "?" in path:
+        for m in _QUERY_SECRET.finditer(path.partition("?")[2].partition("#")[0]):
+            if unquote_plus(m.group(1)).lower() in SECRET_KEYS and m.group(2):
+                out.extend({m.group(2), unquote_plus(m.group(2))})
+    return out
 
 
 def redact_headers(headers: dict[str, str]) -> dict[str, str]:

@@ -80,11 +80,15 @@ def api_of(method: str, path: str) -> str | None:
 def parse_end_body(body: bytes) -> tuple[float | None, dict]:
     """The body of POST /polar/<id>/end: {"reward": float, "metadata": {...}} (both optional)."""
     import json
+    import math
+
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not a JSON number (a reward must be a finite number)")
 
     if not body.strip():
         return None, {}
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, parse_constant=no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RouteError(f"episode end body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -100,4 +104,11 @@ def parse_end_body(body: bytes) -> tuple[float | None, dict]:
         meta = {}
     if not isinstance(meta, dict):
         raise RouteError(f"metadata must be a JSON object, got {type(meta).__name__}")
-    return (None if reward is None else float(reward)), meta
+    if reward is not None:
+        try:
+            reward = float(reward)
+        except OverflowError:  # a 400-digit integer
+            raise RouteError(f"reward is out of range for a float: {str(obj['reward'])[:40]}...") from None
+        if not math.isfinite(reward):  # 1e400 reads as infinity
+            raise RouteError(f"reward must be a finite number, got {reward}")
+    return reward, meta

@@ -8,21 +8,41 @@ the same parsed chunks to a Responses/Messages translator instead.
 """
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from .capture import COMPACT_UTF8, CallCapture, dumps_fast, dumps_like, dumps_like_python, json_style
+from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_fast, dumps_like_python, dumps_like_safe, json_style
 from .dialects import strip_response
 from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
 
+_DATA_LINE = re.compile(rb"(?:\A|(?<=[\r\n]))data:(?: )?")
+
 
 def serialize_event(ev: Event, data: bytes) -> bytes:
-    nl = ev.newline
+    """The event with its data replaced: every other line (``id:``, ``event:``, ``retry:``,
+    comments) and the line endings as the server wrote them."""
+    raw = ev.raw
+    if raw.startswith(b"data: ") and len(raw) == len(ev.data_bytes or b"") + 8:  # the common event
+        return b"data: " + data + raw[-2:]
+    starts = list(_DATA_LINE.finditer(raw))
+    if len(starts) == 1:  # one data line: replace its value in place
+        lo = starts[0].end()
+        hi = lo + len(ev.data_bytes or b"")
+        return raw[:lo] + data + raw[hi:]
+    nl = ev.newline  # (several data lines: the data is one line now, the other fields kept)
     head = b"event: " + ev.event.encode() + nl if ev.event is not None else b""
     return head + b"data: " + data + nl + nl
+
+
+def error_event(message: str, status: int = 503, newline: bytes = b"\n") -> bytes:
+    """A chat/completions stream's error event (as vLLM sends one mid-stream: ``data: {"error"}``)."""
+    body = {"error": {"message": message, "type": "polar_proxy_error", "code": status}}
+    return b"data: " + orjson.dumps(body) + newline + newline
 
 
 class _Base:
@@ -35,14 +55,35 @@ class _Base:
         self.closed = False
         self.prompt_cache: Any = None  # idlists.PromptCache, for the big first chunk (vLLM prompt ids)
         self.cache_key = ""
+        # called at the stream's final event ([DONE]) before it goes to the harness: the proxy
+        # writes the row there (a kill after the harness saw [DONE] must not lose the call);
+        # returns None, or why the call could not be recorded (the harness then gets an error)
+        self.on_final: Callable[[], str | None] | None = None
+        self.final_error: str | None = None
+
+    def _final(self) -> str | None:
+        cb, self.on_final = self.on_final, None
+        if cb is None:
+            return None
+        try:
+            self.final_error = cb()
+        except Exception as exc:  # noqa: BLE001 - the call is not recorded: say so, never pass [DONE]
+            self.final_error = f"polar proxy could not record this call: {type(exc).__name__}: {exc}"
+        return self.final_error
 
     def _parse(self, ev: Event) -> Any:
+        data = ev.data_bytes
         try:
-            if self.prompt_cache is not None and len(ev.data_bytes) >= MIN_BYTES:
-                return self.prompt_cache.loads(self.cache_key, ev.data_bytes)
-            return orjson.loads(ev.data_bytes)
+            if self.prompt_cache is not None and len(data) >= MIN_BYTES:
+                return self.prompt_cache.loads(self.cache_key, data)
+            return orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            self.cap.notes.append(f"unparseable stream event passed through: {exc}")
+            try:  # valid JSON orjson refuses (a lone surrogate escape): the json module reads it
+                return json.loads(data)
+            except (ValueError, UnicodeDecodeError):
+                pass
+            self.cap.errors.append(f"a stream event could not be parsed ({exc}) and passed through "
+                                   f"unchanged: the row may miss tokens")
             return None
 
     def __call__(self, data: bytes) -> list[bytes]:
@@ -64,7 +105,8 @@ class _Base:
         try:
             return self._event(ev)
         except Exception as exc:  # noqa: BLE001
-            self.cap.notes.append(f"stream event not filtered ({type(exc).__name__}: {exc})")
+            self.cap.errors.append(f"a stream event could not be processed ({type(exc).__name__}: {exc}): "
+                                   f"the row may miss tokens")
             return self._fallback(ev)
 
     def _fallback(self, ev: Event) -> bytes:
@@ -100,6 +142,9 @@ class StreamFilter(_Base):
             return ev.raw
         if ev.data_bytes == b"[DONE]":
             self.saw_done = True
+            err = self._final()
+            if err is not None:  # the call is not recorded: the harness must not see it complete
+                return error_event(err, newline=ev.newline)
             return ev.raw
         obj = self._parse(ev)
         if not isinstance(obj, dict):
@@ -108,21 +153,33 @@ class StreamFilter(_Base):
         if obj.get("error") is not None and "choices" not in obj:
             self.cap.notes.append("server sent an error event mid-stream")
             self.mid_stream_error = obj.get("error")
-        self.extract(self.cap, obj)
-        changed = strip_response(self.cap.plan, obj)
+        try:
+            self.extract(self.cap, obj)
+        except Exception as exc:  # noqa: BLE001 - a malformed chunk: the row says so, the chunk is still stripped
+            self.cap.errors.append(f"malformed stream chunk ({type(exc).__name__}: {exc})")
+        plan = self.cap.plan
+        changed = strip_response(plan, obj)
         if changed is None:
             return b""
-        self.assembler.add(obj)
+        try:
+            self.assembler.add(obj)
+        except Exception as exc:  # noqa: BLE001 - only the logged response text is affected
+            self.cap.notes.append(f"response text not reassembled from a chunk ({type(exc).__name__}: {exc})")
         if not changed:
             return ev.raw
         data = ev.data_bytes
-        if not self.cap.plan.harness_logprobs and json_style(data) == COMPACT_UTF8:
-            # no floats left once the proxy's own logprobs are nulled: the fast serializer is exact
-            try:
-                return serialize_event(ev, dumps_fast(obj))
-            except TypeError:  # e.g. a lone surrogate orjson refuses: the slow path writes it
-                pass
-        return serialize_event(ev, dumps_like(data)(obj))
+        if json_style(data) == COMPACT_UTF8:
+            if not plan.harness_logprobs:
+                # no floats left once the proxy's own logprobs are nulled: the fast serializer is exact
+                try:
+                    return serialize_event(ev, dumps_fast(obj))
+                except TypeError:  # e.g. a lone surrogate orjson refuses: the slow path writes it
+                    pass
+            else:  # the harness's logprobs: each float as the server printed it
+                out = dumps_faithful(data, lambda o: strip_response(plan, o))
+                if out is not None:
+                    return serialize_event(ev, out)
+        return serialize_event(ev, dumps_like_safe(data, obj))
 
     mid_stream_error: Any = None
     def response_text(self) -> bytes:
@@ -143,7 +200,11 @@ class TranslatedStream(_Base):
             return b""  # upstream keep-alives are the chat stream's, not the harness API's
         if ev.data_bytes == b"[DONE]":
             self.saw_done = True
-            return self._finish()
+            out = self._finish()
+            err = self._final()
+            if err is not None:  # not recorded: the harness gets its API's failure, not completion
+                return self.t.fail(err) or b""
+            return out
         obj = self._parse(ev)
         if not isinstance(obj, dict):
             return b""
@@ -169,3 +230,4 @@ class TranslatedStream(_Base):
 
     def response_text(self) -> bytes:
         return dumps_like_python(self.assembler.result())
+

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 import orjson
 
+from .dialects import lax_bool
+
 
 class TranslationError(ValueError):
     """The harness request cannot be expressed as a chat completion; the message says why."""
@@ -60,7 +62,8 @@ def reasoning_effort(effort, chat: dict, notes: list[str]) -> None:
 
 def stream_options(chat: dict, stream: bool) -> None:
     """Streaming chat requests ask for the usage chunk: both harnesses expect token counts."""
-    chat["stream"] = bool(stream)
+    stream = lax_bool(stream) is True  # (as the chat servers read "true" or 1)
+    chat["stream"] = stream
     if stream:
         chat["stream_options"] = {"include_usage": True}
 
@@ -260,7 +263,14 @@ class ChatTranslator:
     def request_to_chat(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
         if not isinstance(body, dict):
             raise TranslationError("request body must be a JSON object")
-        chat = self._to_chat(body)
+        try:
+            chat = self._to_chat(body)
+        except (TypeError, AttributeError, KeyError, IndexError) as exc:
+            # the translators read only the harness's body: a field of the wrong type or shape
+            # (a tool that is not an object, text that is a list...) is the request's fault, a 400
+            # in the API's own error shape (harnesses retry a 5xx)
+            raise TranslationError(f"malformed request: a field has the wrong type or shape "
+                                   f"({type(exc).__name__}: {exc})") from None
         for key in self.DROPPED:
             if key in body:
                 join_notes(self.notes, f"dropped {key} (no chat equivalent)")

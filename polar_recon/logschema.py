@@ -6,6 +6,7 @@ one torn batch at the end, and every batch before it is readable.
 
 Rows are of two kinds:
 - ``kind == "call"``: one model call (one choice of it when the harness asked for ``n > 1``).
+- ``kind == "incomplete"``: the log lost a call (see KIND_INCOMPLETE); ``error`` says what.
 - ``kind == "end"``: the episode's end record (reward + metadata), always the last row. A file
   whose last row is an end record is a finished episode; anything else is still running (or was
   cut off).
@@ -33,6 +34,10 @@ SCHEMA_VERSION = 3
 
 KIND_CALL = "call"
 KIND_END = "end"
+# A row the proxy writes when the log lost something (a call whose row could not be written, a log
+# file deleted under it): readers of calls skip it; an episode with one is never built (the end
+# record then carries "discard": true and the reasons under "polar_incomplete").
+KIND_INCOMPLETE = "incomplete"
 
 # Columns in file order. Nullable everywhere: a call that failed has no ids, an end row no api.
 FIELDS: list[pa.Field] = [

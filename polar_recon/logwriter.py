@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from .episode_ids import validate_episode_id
 from .ipcrow import EOS, RowEncoder, schema_message
-from .logschema import COLUMNS, KIND_CALL, KIND_END, SCHEMA
+from .logschema import COLUMNS, KIND_CALL, KIND_END, KIND_INCOMPLETE, SCHEMA
 from .logtable import LogError, full_prompt_arrays, full_requests, pack, read_batches, unpack
 from .prefix import common_prefix, shared_ends
 
@@ -95,10 +95,32 @@ class EpisodeWriter:
         self._next_call = 0
         self._last_request = b""  # the previous call row's full request (delta base)
         self.finished = False
+        # why this episode's log is incomplete (its "incomplete" rows); marks not yet on disk wait
+        # in _marks and go in before the next row (a full disk refuses them too)
+        self.incomplete: list[str] = []
+        self._marks: list[tuple[int | None, str]] = []
+        self._fd: int | None = None
+        self._ino = 0
+        self._suspended = False
         self._recover()
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._size = os.fstat(self._fd).st_size
-        self._append(_SCHEMA_MESSAGE)  # a new IPC stream (after the previous writer's, if any)
+        self._open_stream(create=True)
+
+    def _open_stream(self, create: bool, fresh: bool = False) -> None:
+        """Open the file and start a new IPC stream in it (``fresh``: only in an empty file).
+        Nothing stays open when this fails (a failed open must not leak its descriptor: a full
+        disk refuses the schema message)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0), 0o644)
+        try:
+            st = os.fstat(fd)
+            if fresh and st.st_size:
+                raise LogError(f"{self.path}: the episode's log was deleted while it was running, and "
+                               f"another file is there now (never appended to)")
+            self._fd, self._size, self._ino = fd, st.st_size, st.st_ino
+            self._append(_SCHEMA_MESSAGE)  # a new IPC stream (after the previous writer's, if any)
+        except BaseException:
+            self._fd, self._ino = None, 0  # (no stream started: a reopen must not continue one)
+            os.close(fd)
+            raise
 
     def _recover(self) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
@@ -113,6 +135,9 @@ class EpisodeWriter:
         kinds = table.column("kind").to_pylist()
         if KIND_END in kinds:
             raise EpisodeFinished(f"episode {self.episode_id!r} has already ended ({self.path})")
+        if KIND_INCOMPLETE in kinds:
+            errors = table.column("error").to_pylist()
+            self.incomplete = [errors[i] or "?" for i, k in enumerate(kinds) if k == KIND_INCOMPLETE]
         # Call rows in file order: a row's prompt_base_row counts call rows as they lie in the file.
         calls = table.filter(pa.array([k == KIND_CALL for k in kinds], type=pa.bool_())) if kinds else table
         self._rows = calls.num_rows
@@ -172,6 +197,70 @@ class EpisodeWriter:
     def _write(self, row: dict[str, Any]) -> None:
         self._append(_ENCODER.encode(row))  # one write() a row: readable once it returns
 
+    # -- storage faults ----------------------------------------------------------------------------
+    def note_lost(self, call_index: int | None, reason: str) -> None:
+        """A call of this episode could not be recorded: an "incomplete" row says so before the
+        next row (now, if the disk takes it), and the end record marks the episode discarded."""
+        with self._lock:
+            self._marks.append((call_index, reason))
+
+    def suspend(self) -> None:
+        """Close the file descriptor, keep the writer's state: the next row reopens the file
+        (the proxy bounds its open descriptors, episodes.py). The IPC stream stays open in the
+        file; the next row continues it."""
+        with self._lock:
+            if self._fd is not None and not self.finished:
+                os.close(self._fd)
+                self._fd = None
+                self._suspended = True
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def _ready(self) -> None:
+        """Before a row: the file open (reopened after suspend), still linked (a deleted log or
+        log directory would swallow rows into an unlinked file: one fstat a row), and the
+        pending incomplete marks written."""
+        if self._fd is None:
+            if not self._suspended:
+                raise LogError(f"{self.path}: the log is closed")
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except FileNotFoundError:
+                self._restart("the log file was deleted while the episode was running")
+            else:
+                st = os.fstat(fd)
+                if st.st_ino != self._ino or st.st_size != self._size:
+                    os.close(fd)
+                    if st.st_size == 0:  # an empty file (a restart the full disk refused): ours to start
+                        self._restart("the log file was deleted while the episode was running")
+                    else:
+                        raise LogError(f"{self.path}: the log file was replaced or changed by someone else "
+                                       f"while its writer was suspended")
+                else:
+                    self._fd, self._suspended = fd, False
+        elif os.fstat(self._fd).st_nlink == 0:
+            self._restart("the log file (or its directory) was deleted while the episode was running")
+        while self._marks:
+            idx, reason = self._marks[0]
+            self._write(dict(kind=KIND_INCOMPLETE, episode_id=self.episode_id, call_index=idx, error=reason))
+            self.incomplete.append(reason)
+            self._marks.pop(0)
+
+    def _restart(self, why: str) -> None:
+        """The file is gone: a new one at the same path, which says that the rows before are lost."""
+        lost = self._rows
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._suspended = True  # (a failed try is tried again at the next row)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open_stream(create=True, fresh=True)
+        self._suspended = False
+        self._rows, self._recent, self._last_request = 0, [], b""
+        self._marks.insert(0, (None, f"{why}: the {lost} call rows before this mark are lost"))
+
     def append_call(
         self,
         *,
@@ -189,6 +278,7 @@ class EpisodeWriter:
         with self._lock:
             if self.finished:
                 raise EpisodeFinished(f"episode {self.episode_id!r} has already ended")
+            self._ready()
             row = dict(fields)
             row.update(kind=KIND_CALL, episode_id=self.episode_id, call_index=call_index)
             row.setdefault("choice", 0)
@@ -249,18 +339,23 @@ class EpisodeWriter:
         with self._lock:
             if self.finished:
                 raise EpisodeFinished(f"episode {self.episode_id!r} has already ended")
+            self._ready()
+            metadata = dict(metadata or {})
+            if self.incomplete:  # recon never builds it (build.is_discarded), and says why
+                metadata.update(discard=True, polar_incomplete=list(self.incomplete))
             self._write(
                 dict(
                     kind=KIND_END,
                     episode_id=self.episode_id,
                     reward=None if reward is None else float(reward),
-                    metadata=json.dumps(metadata or {}, sort_keys=True),
+                    metadata=json.dumps(metadata, sort_keys=True),
                 )
             )
             self.finished = True
             self._close_locked()
 
     def _close_locked(self) -> None:
+        self._suspended = False
         if self._fd is not None:
             try:
                 self._append(EOS)  # the end-of-stream marker
