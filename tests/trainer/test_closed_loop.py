@@ -208,7 +208,7 @@ def test_closed_loop_real_arm_beats_every_ablation(tmp_path, seed):
     shifted_mask     train [0.12, 0.0, 0.0]   (gain -0.12), held-out 0.08 -> 0.00
     Gaps (real - best ablation): held-out +0.75, train gain +0.56; margins 0.25/0.25. The bench's 2 seeds x
     4 steps (docs/benchmarks/trainer.md): held-out gap +0.69 on both, train-gain gap +0.79 / +0.38.
-    About 45 s per ablation arm and ~2 min for the real arm (calibration, two evaluations) on 2 idle cores.
+    The whole file (5 tests) took 249 s on the 2-core machine when it was quiet; ~45 s per ablation arm.
     """
     runs: dict = {}
     for arm in ARMS:  # "real" first: it calibrates the target and evaluates version 0 for every arm
