@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))  # the checkout's, as make
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness_recipes.closed_loop import ARMS, LoopConfig, run_closed_loop  # noqa: E402
+from harness_recipes.closed_loop import ARMS, LoopConfig, run_closed_loop  # noqa: E402 (the project is installed: make install)
 
 
 def main(argv=None) -> list[dict]:
