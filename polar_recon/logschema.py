@@ -39,6 +39,25 @@ KIND_END = "end"
 # record then carries "discard": true and the reasons under "polar_incomplete").
 KIND_INCOMPLETE = "incomplete"
 
+# Schema v3: the sampling the server ACTUALLY applied (the request's value, else the served model's
+# default; see addon/sampling.py), carried unchanged into the shards (shards.py).
+SAMPLING_FIELDS: list[pa.Field] = [
+    # Normalised: top_k disabled = -1, top_p disabled = 1.0, min_p disabled = 0.0, greedy =
+    # temperature 0.0; null = unknown (never guessed).
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()),
+    pa.field("min_p", pa.float64()),
+    # what the server's logprobs are: "processed" (after temperature, penalties and the
+    # top-k/top-p/min-p masks, renormalised: vLLM --logprobs-mode processed_logprobs), "raw"
+    # (log-softmax of the raw logits: stock vLLM), "scaled" (log-softmax of logits/T before any
+    # truncation: SGLang 0.5.23); null = unknown (the addon's probe could not tell)
+    pa.field("logprobs_mode", pa.string()),
+    # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
+    # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
+    pa.field("sampling_unsupported", pa.string()),
+]
+
 # Columns in file order. Nullable everywhere: a call that failed has no ids, an end row no api.
 FIELDS: list[pa.Field] = [
     pa.field("kind", pa.string()),
@@ -72,21 +91,7 @@ FIELDS: list[pa.Field] = [
     # 'spans:["A","B"]' (in flight across a sync) and 'unknown:<why>' name no single version
     # (polar_recon/weight_versions.py): the trainer never reads them as one
     pa.field("weight_version", pa.string()),
-    # Schema v3: the sampling the server ACTUALLY applied (the request's value, else the served
-    # model's default; see addon/sampling.py), normalised: top_k disabled = -1, top_p disabled =
-    # 1.0, min_p disabled = 0.0, greedy = temperature 0.0; null = unknown (never guessed).
-    pa.field("temperature", pa.float64()),
-    pa.field("top_p", pa.float64()),
-    pa.field("top_k", pa.int32()),
-    pa.field("min_p", pa.float64()),
-    # what the server's logprobs are: "processed" (after temperature, penalties and the
-    # top-k/top-p/min-p masks, renormalised: vLLM --logprobs-mode processed_logprobs), "raw"
-    # (log-softmax of the raw logits: stock vLLM), "scaled" (log-softmax of logits/T before any
-    # truncation: SGLang 0.5.23); null = unknown (the addon's probe could not tell)
-    pa.field("logprobs_mode", pa.string()),
-    # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
-    # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
-    pa.field("sampling_unsupported", pa.string()),
+    *SAMPLING_FIELDS,
     pa.field("auxiliary", pa.bool_()),  # e.g. Claude Code's title call: recorded, not trained
     pa.field("notes", pa.list_(pa.string())),  # normalizations applied, fields dropped, warnings
     pa.field("reward", pa.float64()),  # end rows only

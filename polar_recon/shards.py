@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .logschema import SAMPLING_FIELDS
 from .shard_files import LOCK, MANIFEST, SHARD_RE, SHARD_TEMP_GLOB, shard_name, shard_temp_name, temp_name
 from .strategies import Sequence
 
@@ -36,20 +37,12 @@ SHARD_SCHEMA = pa.schema([
     pa.field("model", pa.string()),
     pa.field("group_size", pa.int32()),
     pa.field("group_complete", pa.bool_()),
-    # The sampling columns (log schema v3, rules in sampling.py): what the server applied to the
-    # row's calls, normalised (top_k off = -1, top_p off = 1.0, min_p off = 0.0, greedy = T 0.0),
-    # null = unknown. The trainer computes its old-policy logprobs under the same transform.
-    pa.field("temperature", pa.float64()),
-    pa.field("top_p", pa.float64()),
-    pa.field("top_k", pa.int32()),
-    pa.field("min_p", pa.float64()),
-    # processed | raw | scaled (what the behaviour `logprobs` are), null = unknown
-    pa.field("logprobs_mode", pa.string()),
-    # null: temperature/top_p/top_k/min_p reproduce the sampling; else the "; "-joined reasons they
-    # do not (penalties, logit_bias, structured output, ..., or "mixed sampling parameters across
-    # calls" when the row's calls differ in a sampling column, which is then null). The trainer
-    # excludes or refuses such rows.
-    pa.field("sampling_unsupported", pa.string()),
+    # The sampling columns, as in the log (logschema.SAMPLING_FIELDS: what the server applied to the
+    # row's calls, null = unknown). A row whose calls differ in one gets null there and the
+    # sampling_unsupported reason "mixed sampling parameters across calls" (sampling.py). The
+    # trainer computes its old-policy logprobs under the same transform, and excludes or refuses
+    # unsupported rows.
+    *SAMPLING_FIELDS,
     # Context fidelity (link.py, fidelity.py): tokens of this row's context that differ from the
     # prompt the server was served for a later call of the row, all of a KNOWN re-render class
     # (the row keeps the sampled tokens; the served prompt held them re-rendered), and the names
