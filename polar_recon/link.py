@@ -55,7 +55,7 @@ class TurnMarkers:
     tokenizer: str = field(default=str(DEFAULT_TOKENIZER), compare=False)
 
     def decode(self, ids: np.ndarray) -> str:
-        return _decoder(self.tokenizer).decode(ids.tolist(), skip_special_tokens=False)
+        return _decoder(self.tokenizer).decode(ids.tolist())
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -85,9 +85,23 @@ class TurnMarkers:
 
 @functools.lru_cache(maxsize=4)
 def _decoder(tokenizer_dir: str):
+    from . import bytedecode
+
+    table = bytedecode.load(tokenizer_dir)  # byte-level BPE (Qwen): a table lookup, no Rust tokenizer
+    if table is not None:
+        return table
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    rust = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    return _RustDecoder(rust)
+
+
+class _RustDecoder:
+    def __init__(self, tok):
+        self.tok = tok
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
 
 
 # ---------------------------------------------------------------------------------------------
