@@ -17,14 +17,15 @@ import os
 from pathlib import Path
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode, inverted: the printable character that stands for each byte."""
+def _byte_alphabet() -> dict[int, int]:
+    """GPT-2's bytes_to_unicode, inverted as a str.translate table: the code point of the printable
+    character that stands for each byte -> the byte's value (then .encode("latin-1") gives bytes)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in keep}
+    chars = {b: b for b in keep}
     n = 0
     for b in range(256):
         if b not in chars:
-            chars[b] = chr(256 + n)
+            chars[b] = 256 + n
             n += 1
     return {c: b for b, c in chars.items()}
 
@@ -55,7 +56,11 @@ class ByteDecoder:
 
 @functools.lru_cache(maxsize=4)
 def load(tokenizer_dir: str | os.PathLike) -> ByteDecoder | None:
-    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    return from_spec(json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8")))
+
+
+def from_spec(spec: dict) -> ByteDecoder | None:
+    """The decoder for a parsed tokenizer.json, or None when it is not byte-level BPE."""
     model = spec.get("model") or {}
     vocab = model.get("vocab")
     # (a normalizer, e.g. Qwen's NFC, acts on encoding only)
@@ -65,11 +70,11 @@ def load(tokenizer_dir: str | os.PathLike) -> ByteDecoder | None:
     added = {int(t["id"]): t["content"].encode("utf-8") for t in spec.get("added_tokens", [])}
     size = max([*vocab.values(), *added, -1]) + 1
     table: list[bytes | None] = [None] * size
-    for piece, i in vocab.items():
-        try:
-            table[i] = bytes(alphabet[c] for c in piece)
-        except KeyError:  # a piece outside the byte alphabet: not a byte-level vocabulary after all
-            return None
+    try:
+        for piece, i in vocab.items():
+            table[i] = piece.translate(alphabet).encode("latin-1")
+    except UnicodeEncodeError:  # a piece outside the byte alphabet: not a byte-level vocabulary after all
+        return None
     for i, content in added.items():
         table[i] = content
     return ByteDecoder(table)
