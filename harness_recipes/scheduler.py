@@ -98,6 +98,13 @@ class Pipeline:
         self.stats.phase_counts["queued"] = len(jobs)
         return jobs
 
+    def start(self, job: Job) -> asyncio.Task:
+        """Run one more job while the pipeline runs (a fleet node pulls its jobs from a shared
+        queue instead of planning them all up front); the task ends once the job is recorded."""
+        self.jobs.append(job)
+        self.stats.phase_counts["queued"] += 1
+        return asyncio.create_task(self._episode(job), name=job.eid)
+
     async def run(self) -> list[dict]:
         tasks = [asyncio.create_task(self._episode(job), name=job.eid) for job in self.jobs]
         try:
