@@ -110,3 +110,29 @@ class WorkQueue:
         for g in self.groups.values():
             out[g.state] += 1
         return out
+
+
+def plan_groups(tasks: list[Task], samples: int, records: list[dict] = ()) -> tuple[list[Group], int]:
+    """The groups still to run and how many episodes are skipped: a (task, sample) whose last
+    record (highest attempt) has a terminal status is done (a resumed fleet skips it); the others
+    of a task run again as one group under the next attempt number, so every retry is a new
+    episode id and never appends to an old log."""
+    from .episode import TERMINAL
+
+    last: dict[tuple[str, int], dict] = {}
+    for r in records:
+        try:
+            key, attempt = (r["task_id"], int(r["sample"])), int(r.get("attempt", 0))
+        except (KeyError, TypeError, ValueError):
+            continue  # not a rollout record
+        if key not in last or attempt >= int(last[key].get("attempt", 0)):
+            last[key] = r
+    out, skipped = [], 0
+    for t in tasks:
+        todo = tuple(s for s in range(samples) if last.get((t.id, s), {}).get("status") not in TERMINAL)
+        skipped += samples - len(todo)
+        if todo:
+            attempt = max((int(last[(t.id, s)].get("attempt", 0)) + 1 for s in range(samples) if (t.id, s) in last),
+                          default=0)
+            out.append(Group(t, todo, attempt))
+    return out, skipped

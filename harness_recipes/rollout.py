@@ -110,6 +110,7 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 @click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(1),
               help="attempts of a group whose node dies before it is given up")
 @click.option("--node-dir", default="", help="working directory on each node [default: $TMPDIR/polar-fleet]")
+@click.option("--resume", is_flag=True, help="continue the run the store holds: skip finished episodes, retry the rest")
 @click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
               help="local runtime: bubblewrap sandbox")
@@ -123,11 +124,11 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
 def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_address, local_nodes, proxies_per_node,
           max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm, eval_concurrency, model,
-          api_key_env, no_progress) -> None:
+          api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
     from .fleet import Cluster, NodeConfig, run_fleet
-    from .fleet_queue import Group
+    from .fleet_queue import plan_groups
     from .store import Store, StoreError
 
     if (ray_address is None) == (local_nodes is None):
@@ -135,9 +136,18 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     try:
         load_recipe(recipe)
         tasks = _tasks(tasks_path, swebench, repos)
-        Store(store)
+        records = Store(store).records()
     except (RecipeError, TaskError, StoreError) as e:
         raise click.UsageError(str(e)) from None
+    if records and not resume:
+        raise click.UsageError(f"--store {store} already holds {len(records)} rollout records: pass --resume to "
+                               "continue that run (finished episodes are skipped), or give a new --store")
+    groups, skipped = plan_groups(tasks, samples, records)
+    if skipped:
+        click.echo(f"polar-fleet: {skipped} episodes finished before, skipped", err=True)
+    if not groups:
+        click.echo("polar-fleet: nothing left to run")
+        return
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
@@ -151,7 +161,6 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     cfg = NodeConfig(recipe=recipe, server=server, store=store, model=model, api_key=api_key,
                      proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
                      limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
-    groups = [Group(t, tuple(range(samples))) for t in tasks]
     view = FleetView(enabled=not no_progress)
     with Cluster(address=ray_address, local=local_nodes), view:
         res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)

@@ -73,3 +73,20 @@ def test_a_bad_store_uri_is_a_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreError, match="cannot create"):
         Store(f"file://{tmp_path}/file/sub")
+
+
+def test_a_resumed_fleet_skips_done_episodes_and_retries_the_rest_under_a_new_attempt():
+    from harness_recipes.fleet_queue import plan_groups
+    tasks = [Task("t0", "p", "true"), Task("t1", "p", "true"), Task("t2", "p", "true")]
+    recs = [{"task_id": "t0", "sample": 0, "attempt": 0, "status": "done"},
+            {"task_id": "t0", "sample": 1, "attempt": 0, "status": "error"},
+            {"task_id": "t1", "sample": 0, "attempt": 0, "status": "interrupted"},
+            {"task_id": "t1", "sample": 0, "attempt": 1, "status": "timeout"},
+            {"task_id": "t1", "sample": 1, "attempt": 0, "status": "crashed"},
+            {"node": "not a record"}]
+    groups, skipped = plan_groups(tasks, 2, recs)
+    assert skipped == 3
+    assert [(g.key, g.samples, g.attempt) for g in groups] == [("t0", (1,), 1), ("t2", (0, 1), 0)]
+    assert groups[0].episode_ids() == ["t0.s1.a1"]
+    fresh, none = plan_groups(tasks, 2)
+    assert none == 0 and [g.samples for g in fresh] == [(0, 1)] * 3

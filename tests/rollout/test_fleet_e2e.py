@@ -1,0 +1,69 @@
+"""`polar-rollout fleet` on a real Ray cluster of two nodes on this machine (``--local 2``:
+ray.cluster_utils.Cluster, as Ray's own multi-node tests run), a fast fake harness making real
+streamed calls through each node's two real capture proxies to a real polar-serve, everything
+landing in one file:// store: every episode's log (only its own calls, complete), its record
+naming the node that ran it, and each node's shards holding whole groups."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness_recipes.store import Store
+from polar_recon.logreader import read_episode
+from tests.support.servers import polar_serve, tiny_model_dir
+
+from .conftest import fake_recipe, write_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+ray = pytest.importorskip("ray", reason="polar-rollout fleet needs Ray (pip install 'polar[fleet]')")
+
+TASKS, SAMPLES, CALLS = 6, 2, 2
+
+
+def test_fleet_of_two_nodes_runs_every_episode_once_into_the_store(tmp_path):
+    recipe = fake_recipe(tmp_path, ["chat", str(CALLS), "fix", "calc.py", "return a - b", "return a + b"],
+                         name="fleetfake", via="path")
+    tasks = write_tasks(tmp_path, n=TASKS)
+    store_uri = f"file://{tmp_path}/store"
+    with polar_serve(tiny_model_dir(), "vllm") as srv:
+        res = subprocess.run(
+            [sys.executable, "-m", "harness_recipes.rollout", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
+             "--samples", str(SAMPLES), "--server", srv.base_url, "--store", store_uri, "--local", "2",
+             "--proxies-per-node", "2", "--concurrency", "2", "--prewarm", "1", "--isolation", "none",
+             "--node-dir", str(tmp_path / "nodes"), "--no-progress"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"{TASKS * SAMPLES} episodes on 2 nodes" in res.stdout, res.stdout
+    store = Store(store_uri)
+    recs = store.records()
+    eids = sorted(r["episode_id"] for r in recs)
+    assert eids == sorted(f"add{t}.s{s}" for t in range(TASKS) for s in range(SAMPLES))  # each once
+    assert {r["status"] for r in recs} == {"done"} and {r["reward"] for r in recs} == {1.0}, recs[0]
+    nodes = {r["node"] for r in recs}
+    assert len(nodes) == 2, nodes  # both nodes took groups from the one queue
+    assert all(r["proxies_on_node"] == 2 and r["ray_node_id"].startswith(r["node"][5:]) for r in recs)
+    for r in recs:  # a group ran on one node
+        assert {x["node"] for x in recs if x["task_id"] == r["task_id"]} == {r["node"]}
+    assert store.list("logs") == [f"{e}.arrow" for e in eids]
+    for e in eids:
+        log = read_episode(Path(store.path(f"logs/{e}.arrow")))
+        rows = log.calls.to_dicts()
+        assert log.finished and log.reward == 1.0 and len(rows) == CALLS
+        assert all(r["episode_id"] == e and f"episode {e}:" in r["request"] and r["error"] is None for r in rows)
+    shard_eids = []
+    for node in nodes:
+        files = store.list(f"shards/{node}")
+        shards = [f for f in files if f.endswith(".parquet")]
+        assert shards, files
+        for f in shards:
+            shard_eids += pq.read_table(store.path(f"shards/{node}/{f}"), columns=["episode_id"]).column(
+                "episode_id").to_pylist()
+    assert sorted(set(shard_eids)) == eids  # every episode reached a shard, on its own node
+    summary = json.loads(store.get_bytes("rollout/fleet.json"))
+    assert summary["queue"]["finished"] and summary["lost"] == {} and summary["episodes"] == TASKS * SAMPLES
