@@ -18,6 +18,7 @@ imported only here and only when a fleet runs (``pip install polar[fleet]``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 from . import episode as ep
 from .fleet_queue import Group, WorkQueue
 from .install import ensure_installed
-from .proxies import proxy_pool
+from .proxies import DEFAULT_LEASE_S, SyncResult, coordinate, hold_proxies, lead_sync, proxy_pool, release_proxies
 from .recipe import load_recipe
 from .records import Records
 from .runtimes import make_runtime
@@ -87,6 +88,7 @@ class RolloutNode:
         self.started = time.time()
         self.published = 0
         self.note = "starting"
+        self.urls: list[str] = []  # this node's proxies, while it runs
 
     def where(self) -> dict:
         import ray
@@ -113,6 +115,7 @@ class RolloutNode:
         where = self.where()
         self.note = "proxies"
         with proxy_pool(cfg.server, logdir, cfg.proxies, workdir=base / "proxies", sets=cfg.proxy_sets) as pool:
+            self.urls = pool.urls
             settings = ep.Settings(proxy=pool.urls[0], proxies=tuple(pool.urls), model=cfg.model)
             if cfg.api_key:
                 settings.api_key = cfg.api_key
@@ -147,10 +150,40 @@ class RolloutNode:
                     t.cancel()
                 await asyncio.gather(*running, return_exceptions=True)
                 await runtime.shutdown()
+                self.urls = []
         self.note = "shards"
         shards = await asyncio.to_thread(self._shards, store, logdir, out)
         self.note = "done"
         return {**where, **self.stats(), "shards": shards}
+
+    # -- this node's part in a fleet-wide weight sync (WeightsCoordinator) ------------------------
+    # The proxies listen on this node's 127.0.0.1 only: the coordinator reaches them through Ray.
+    def _not_running(self, what: str) -> dict:
+        return {"proxy": self.name, "node": self.name, "status": None,
+                "error": f"node {self.name} has no proxies running ({self.note}): cannot {what}"}
+
+    async def weights_hold(self, version: str, lease_s: float, skip_first: bool) -> list[dict]:
+        if not self.urls:
+            return [self._not_running("hold")]
+        answers = await hold_proxies(self.urls[1:] if skip_first else self.urls, version, lease_s=lease_s)
+        return [{**a, "node": self.name} for a in answers]
+
+    async def weights_lead(self, path: str, version: str, peers_drained: bool | None) -> dict:
+        if not self.urls:
+            return self._not_running("lead the sync")
+        return {**await lead_sync(self.urls[0], path, version, peers_drained), "node": self.name}
+
+    async def weights_release(self, held: list[dict], version: str, after: str | None, ok: bool,
+                              keep: bool) -> list[dict]:
+        return [{**a, "node": self.name} for a in await release_proxies(held, version, after, ok, keep=keep)]
+
+    async def weights_info(self) -> list[dict]:
+        from addon.weight_hold import SYNC_PATH, urllib_http
+        out = []
+        for u in self.urls:
+            status, body = await urllib_http("GET", u + SYNC_PATH, None, {}, 30.0)
+            out.append({"proxy": u, "node": self.name, "status": status, **json.loads(body)})
+        return out
 
     def _publish(self, store: Store, logdir: Path, job: Job, where: dict, k: int) -> None:
         """The episode's log (when it has one) and its record, naming this node, into the store."""
@@ -173,6 +206,56 @@ class RolloutNode:
             if f.is_file() and not f.name.startswith("."):
                 put.append(store.put_file(f, f"{SHARDS}/{self.name}/{f.name}"))
         return put
+
+
+WEIGHTS_ACTOR, NAMESPACE = "polar-fleet-weights", "polar"
+
+
+class WeightsCoordinator:
+    """The fleet's one weight-sync endpoint, a named Ray actor (``ray.get_actor(WEIGHTS_ACTOR,
+    namespace=NAMESPACE)``): a sync holds every proxy of every node, the first node's first proxy
+    has the server load (once), then every proxy is released (proxies.coordinate)."""
+
+    def __init__(self, nodes: dict):
+        self.nodes = nodes  # name -> RolloutNode handle
+
+    def forget(self, name: str) -> None:
+        self.nodes.pop(name, None)
+
+    async def sync(self, path: str, version: str, lease_s: float = DEFAULT_LEASE_S) -> dict:
+        import ray
+        names = sorted(self.nodes)
+        if not names:
+            return asdict(SyncResult(503, None, error="the fleet has no live node"))
+        lead_name = names[0]
+
+        async def ask(name, ref, what):
+            try:
+                return await ref
+            except ray.exceptions.RayError as exc:
+                err = {"proxy": name, "node": name, "status": None, "error": f"{what} on {name}: {exc}"[:1000]}
+                return [err] if what != "lead" else err
+
+        async def hold():
+            refs = [ask(n, self.nodes[n].weights_hold.remote(version, lease_s, n == lead_name), "hold") for n in names]
+            return [a for answers in await asyncio.gather(*refs) for a in answers]
+
+        async def lead(drained):
+            return await ask(lead_name, self.nodes[lead_name].weights_lead.remote(path, version, drained), "lead")
+
+        async def release(held, after, ok, keep):
+            by_node: dict[str, list[dict]] = {}
+            for h in held:
+                by_node.setdefault(h["node"], []).append(h)
+            refs = [ask(n, self.nodes[n].weights_release.remote(hs, version, after, ok, keep), "release")
+                    for n, hs in by_node.items()]
+            return [a for answers in await asyncio.gather(*refs) for a in answers]
+
+        return asdict(await coordinate(version, hold, lead, release, lease_s))
+
+    async def info(self) -> list[dict]:
+        answers = await asyncio.gather(*(self.nodes[n].weights_info.remote() for n in sorted(self.nodes)))
+        return [a for node in answers for a in node]
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -249,12 +332,15 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
         refs[actors[name].run.remote(queue)] = name
     if not actors:
         raise RuntimeError("the Ray cluster has no alive node")
+    weights = ray.remote(WeightsCoordinator).options(num_cpus=0, name=WEIGHTS_ACTOR, namespace=NAMESPACE,
+                                                     max_concurrency=8).remote(dict(actors))
     results: dict[str, dict] = {}
     lost: dict[str, str] = {}
     while refs:
         ready, _ = ray.wait(list(refs), timeout=poll_s)
         for ref in ready:
             name = refs.pop(ref)
+            weights.forget.remote(name)  # its proxies are gone: later syncs skip it
             try:
                 results[name] = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor died (its node, its process) or run() raised
@@ -269,6 +355,7 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
                 stats = []
             on_stats(stats + [results[n] for n in results], ray.get(queue.status.remote()), time.monotonic() - t0)
     status = ray.get(queue.status.remote())
+    ray.kill(weights)
     res = FleetResult(results, lost, status, time.monotonic() - t0)
     store.put_json("rollout/fleet.json", {"nodes": results, "lost": lost, "queue": status, "seconds": res.seconds,
                                           "episodes": res.episodes, "config": asdict(cfg) | {"api_key": None}})

@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,48 +89,74 @@ def _message(ans: dict) -> str:
     return str(err.get("message") if isinstance(err, dict) else err)
 
 
-async def sync_proxies(urls: Sequence[str], path: str, version: str, *, lease_s: float = DEFAULT_LEASE_S,
+async def hold_proxies(urls: Sequence[str], version: str, *, lease_s: float = DEFAULT_LEASE_S,
                        timeout: float = DEFAULT_TIMEOUT_S, headers: dict | None = None,
-                       http: Http = urllib_http) -> SyncResult:
-    """Make the server behind ``urls`` (proxies of one inference server) serve ``path`` as ``version``,
-    with no proxy admitting a call while it loads and the server loading once.
+                       http: Http = urllib_http) -> list[dict]:
+    """``POST /polar/@weights/hold`` to every proxy at once; each answer with its ``proxy`` and
+    ``status`` (None: unreachable)."""
+    urls = [u.rstrip("/") for u in urls]
+    answers = await asyncio.gather(*(_post(http, u + HOLD_PATH, {"version": version, "lease_s": lease_s},
+                                           headers or {}, timeout) for u in urls))
+    return [{"proxy": u, "status": s, **a} for u, (s, a) in zip(urls, answers, strict=True)]
 
-    The first proxy leads (its ordinary ``POST /polar/@weights`` talks to the server); the others
-    are held first (``/hold``: new calls wait, calls in flight drain) and released after with the
-    version the leader's sync ended with (``/release``). A hold that fails releases the holds
-    already taken (unchanged) and nothing loads. A leader with no answer (unreachable, died
-    mid-sync) leaves the version unknown: the held proxies are released with an ``unknown:``
-    marker, so their rows say so until the next good sync."""
-    if not urls:
-        raise ValueError("sync_proxies needs at least one proxy URL")
-    headers = headers or {}
-    leader, followers = urls[0].rstrip("/"), [u.rstrip("/") for u in urls[1:]]
+
+async def lead_sync(url: str, path: str, version: str, peers_drained: bool | None, *,
+                    timeout: float = DEFAULT_TIMEOUT_S, headers: dict | None = None,
+                    http: Http = urllib_http) -> dict:
+    """The one ordinary sync (``POST /polar/@weights``) that has the server load; ``peers_drained``
+    None: there are no held peers."""
+    body = {"path": path, "version": version}
+    if peers_drained is not None:
+        body["peers_drained"] = peers_drained
+    status, ans = await _post(http, url.rstrip("/") + SYNC_PATH, body, headers or {}, timeout)
+    return {"proxy": url.rstrip("/"), "status": status, **ans}
+
+
+async def release_proxies(held: Sequence[dict], version: str, after: str | None, ok: bool, *, keep: bool = False,
+                          timeout: float = DEFAULT_TIMEOUT_S, headers: dict | None = None,
+                          http: Http = urllib_http) -> list[dict]:
+    """``POST /polar/@weights/release`` to every held proxy (the answers of hold_proxies): serve
+    ``after`` from now on; ``keep``: each its own previous version (nothing was loaded)."""
+    async def one(h):
+        body = {"version": version, "weight_version": h["weight_version"] if keep else after, "ok": ok and not keep}
+        s, a = await _post(http, h["proxy"] + RELEASE_PATH, body, headers or {}, timeout)
+        return {"proxy": h["proxy"], "status": s, **a}
+    return list(await asyncio.gather(*(one(h) for h in held)))
+
+
+Hold = Callable[[], Awaitable[list[dict]]]
+Lead = Callable[[bool | None], Awaitable[dict]]
+Release = Callable[[list[dict], str | None, bool, bool], Awaitable[list[dict]]]
+
+
+async def coordinate(version: str, hold: Hold, lead: Lead, release: Release, lease_s: float) -> SyncResult:
+    """One sync across proxies, whatever carries the requests (HTTP here; Ray calls to each node of
+    a fleet, fleet.py): hold every follower, have the leader sync (the server loads once), release
+    the followers with the version the leader's sync ended with.
+
+    A hold that fails releases the holds already taken (unchanged) and nothing loads. A leader with
+    no answer (unreachable, died mid-sync) leaves the version unknown: the held proxies are released
+    with an ``unknown:`` marker, so their rows say so until the next good sync."""
     res = SyncResult(status=0, weight_version=None)
-    holds = await asyncio.gather(*(_post(http, u + HOLD_PATH, {"version": version, "lease_s": lease_s}, headers,
-                                         timeout) for u in followers))
-    res.holds = [{"proxy": u, "status": s, **a} for u, (s, a) in zip(followers, holds, strict=True)]
+    res.holds = await hold()
     held = [h for h in res.holds if h["status"] == 200]
-    if len(held) < len(followers):
+    if len(held) < len(res.holds):
         bad = next(h for h in res.holds if h["status"] != 200)
         res.status = bad["status"] or 503
         res.error = f"proxy {bad['proxy']} could not be held for the sync to {version!r}: {_message(bad)}"
-        res.releases = await _release(http, held, version, headers, timeout, lambda h: (h["weight_version"], False))
-        res.weight_version = None
+        res.releases = await release(held, None, False, True)
         return res
-    body = {"path": path, "version": version}
-    if followers:
-        body["peers_drained"] = all(h["drained"] for h in held)
-    status, ans = await _post(http, leader + SYNC_PATH, body, headers, timeout)
-    res.leader = {"proxy": leader, "status": status, **ans}
+    res.leader = ans = await lead(all(h["drained"] for h in held) if res.holds else None)
+    status = ans["status"]
     if status is None or "weight_version" not in ans:
-        after = unknown(f"the sync to {version} through {leader} gave no answer")
+        after = unknown(f"the sync to {version} through {ans['proxy']} gave no answer")
         res.status, res.error = status or 503, _message(ans)
     else:
         after = ans["weight_version"]
         res.status = status
         res.error = None if status == 200 else _message(ans)
     res.weight_version = after
-    res.releases = await _release(http, held, version, headers, timeout, lambda h: (after, status == 200))
+    res.releases = await release(held, after, status == 200, False)
     failed = [r for r in res.releases if r["status"] != 200]
     if failed and res.ok:
         # The server loaded; a proxy that did not take the release frees itself at its lease's end
@@ -140,13 +166,23 @@ async def sync_proxies(urls: Sequence[str], path: str, version: str, *, lease_s:
     return res
 
 
-async def _release(http, held, version, headers, timeout, outcome) -> list[dict]:
-    async def one(h):
-        after, ok = outcome(h)
-        s, a = await _post(http, h["proxy"] + RELEASE_PATH, {"version": version, "weight_version": after, "ok": ok},
-                           headers, timeout)
-        return {"proxy": h["proxy"], "status": s, **a}
-    return list(await asyncio.gather(*(one(h) for h in held)))
+async def sync_proxies(urls: Sequence[str], path: str, version: str, *, lease_s: float = DEFAULT_LEASE_S,
+                       timeout: float = DEFAULT_TIMEOUT_S, headers: dict | None = None,
+                       http: Http = urllib_http) -> SyncResult:
+    """Make the server behind ``urls`` (proxies of one inference server) serve ``path`` as ``version``,
+    with no proxy admitting a call while it loads and the server loading once: the first proxy
+    leads (its ordinary ``POST /polar/@weights`` talks to the server), the others are held first
+    (``/hold``: new calls wait, calls in flight drain) and released after (``/release``); see
+    ``coordinate``."""
+    if not urls:
+        raise ValueError("sync_proxies needs at least one proxy URL")
+    kw = {"timeout": timeout, "headers": headers, "http": http}
+    return await coordinate(
+        version,
+        lambda: hold_proxies(urls[1:], version, lease_s=lease_s, **kw),
+        lambda drained: lead_sync(urls[0], path, version, drained, **kw),
+        lambda held, after, ok, keep: release_proxies(held, version, after, ok, keep=keep, **kw),
+        lease_s)
 
 
 # -- the processes --------------------------------------------------------------------------------

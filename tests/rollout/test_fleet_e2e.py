@@ -9,8 +9,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -67,3 +69,55 @@ def test_fleet_of_two_nodes_runs_every_episode_once_into_the_store(tmp_path):
     assert sorted(set(shard_eids)) == eids  # every episode reached a shard, on its own node
     summary = json.loads(store.get_bytes("rollout/fleet.json"))
     assert summary["queue"]["finished"] and summary["lost"] == {} and summary["episodes"] == TASKS * SAMPLES
+
+
+def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_once(tmp_path):
+    """The fleet's named coordinator actor (what a trainer in the cluster calls) holds the 4 proxies
+    of 2 nodes, has one of them load the new weights, releases all: rows name the exact version."""
+    import threading
+
+    from harness_recipes.fleet import NAMESPACE, WEIGHTS_ACTOR, Cluster, NodeConfig, run_fleet
+    from harness_recipes.fleet_queue import plan_groups
+    from harness_recipes.tasks import load_tasks
+    from harness_recipes.weights import perturbed_copy
+
+    recipe = fake_recipe(tmp_path, ["chat", str(CALLS), "sleep", "0.3"], name="fleetsync", via="path")
+    tasks = load_tasks(write_tasks(tmp_path, n=10))
+    new = perturbed_copy(tiny_model_dir(), tmp_path / "step-1", scale=0.2)
+    store_uri = f"file://{tmp_path}/store"
+    store = Store(store_uri)
+    with polar_serve(tiny_model_dir(), "vllm") as srv, Cluster(local=2):
+        old = httpx.get(srv.base_url + "/polar/weight_version").json()["weight_version"]
+        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=2,
+                         runtime_opts={"isolation": "none"}, node_dir=str(tmp_path / "nodes"),
+                         limits={"prewarm": 1, "run": 1, "eval": 1})
+        out = {}
+        t = threading.Thread(target=lambda: out.update(res=run_fleet(cfg, plan_groups(tasks, 1)[0])))
+        t.start()
+        deadline = time.monotonic() + 300
+        while len(store.list("rollout/records")) < 2:  # the fleet is running on both nodes
+            assert t.is_alive() and time.monotonic() < deadline, out
+            time.sleep(0.2)
+        coord = ray.get_actor(WEIGHTS_ACTOR, namespace=NAMESPACE)
+        sync = ray.get(coord.sync.remote(str(new), "1", 120.0), timeout=300)
+        info = ray.get(coord.info.remote(), timeout=60)
+        t.join(600)
+        served = httpx.get(srv.base_url + "/polar/weight_version").json()["weight_version"]
+    res = out["res"]
+    assert res.queue["finished"] and not res.lost, res
+    assert sync["status"] == 200 and sync["weight_version"] == "1" and sync["error"] is None, sync
+    assert len(sync["holds"]) == 3 and {h["status"] for h in sync["holds"]} == {200}  # 2 nodes x 2 proxies - leader
+    assert len({h["node"] for h in sync["holds"]}) == 2 and sync["leader"]["status"] == 200
+    assert len(info) == 4 and {(i["weight_version"], i["state"]) for i in info} == {("1", "serving")}
+    assert served == "1"
+    recs = [json.loads(x) for f in (tmp_path / "nodes").glob("*/logs/weight-syncs.jsonl")
+            for x in f.read_text().splitlines()]
+    leader = [r for r in recs if "role" not in r]
+    assert len(leader) == 1 and leader[0]["outcome"] == "ok" and [s["step"] for s in leader[0]["steps"]] == ["reload"]
+    assert sorted(r.get("role", "") for r in recs if "role" in r) == ["held for a peer's sync"] * 3
+    rows = [r for f in store.list("logs") for r in read_episode(Path(store.path(f"logs/{f}"))).calls.to_dicts()]
+    assert len(rows) == 10 * CALLS
+    after = [r for r in rows if r["t_start"] > leader[0]["t_released"]]
+    before = [r for r in rows if r["t_end"] < leader[0]["t_request"]]
+    assert after and before
+    assert {r["weight_version"] for r in after} == {"1"} and {r["weight_version"] for r in before} == {old}
