@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -129,6 +128,7 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     and pipeline, all feeding one store."""
     from .fleet import Cluster, NodeConfig, run_fleet
     from .fleet_queue import plan_groups
+    from .progress import FleetView
     from .store import Store, StoreError
 
     if (ray_address is None) == (local_nodes is None):
@@ -169,51 +169,6 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     for name, why in res.lost.items():
         click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
     sys.exit(0 if res.queue["finished"] and not res.queue["groups"].get("given up") else 3)
-
-
-class FleetView:
-    """Per-node phase counts and the fleet's episodes/s: a rich Live table on a terminal, else a
-    plain line every few seconds (--no-progress, CI logs)."""
-
-    def __init__(self, enabled: bool = True, every_s: float = 5.0):
-        from rich.console import Console
-        self.console = Console(stderr=True)
-        self.live_mode = enabled and sys.stderr.isatty()
-        self.live = None
-        self.every, self._last = every_s, 0.0
-
-    def __enter__(self):
-        if self.live_mode:
-            from rich.live import Live
-            self.live = Live(console=self.console, refresh_per_second=2)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live is not None:
-            self.live.__exit__(*exc)
-
-    def update(self, stats: list[dict], queue: dict, wall: float) -> None:
-        from .scheduler import PHASES
-        done = sum(s.get("finished", 0) for s in stats)
-        rate = done / max(wall, 1e-9)
-        if self.live is not None:
-            from rich.table import Table
-            t = Table(title=f"polar-rollout fleet: {done} episodes, {rate:.2f}/s; groups {queue['groups']}")
-            t.add_column("node")
-            for ph in PHASES:
-                t.add_column(ph, justify="right")
-            t.add_column("state")
-            for s in stats:
-                ph = s.get("phases", {})
-                t.add_row(s["node"], *(str(ph.get(p, "")) for p in PHASES), s.get("note") or s.get("error", "")[:40])
-            self.live.update(t)
-            return
-        if time.monotonic() - self._last >= self.every:
-            self._last = time.monotonic()
-            nodes = "; ".join(f"{s['node']}: {s.get('finished', 0)} done, "
-                              f"{s.get('phases', {}).get('run', 0)} running ({s.get('note') or 'lost'})" for s in stats)
-            self.console.print(f"[fleet] {done} episodes, {rate:.2f}/s, groups {queue['groups']} | {nodes}")
 
 
 def _tasks(tasks_path, swebench, repos):
