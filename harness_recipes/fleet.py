@@ -276,9 +276,12 @@ class Cluster:
         import ray
         if self.local is not None:
             from ray.cluster_utils import Cluster as RayCluster
-            self.cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": self.cpus})
+            # a try-out's nodes: small object stores (the fleet passes only small records) and no
+            # dashboard, so N nodes fit on a laptop
+            node = {"num_cpus": self.cpus, "object_store_memory": 128 * 2**20}
+            self.cluster = RayCluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
             for _ in range(self.local - 1):
-                self.cluster.add_node(num_cpus=self.cpus)
+                self.cluster.add_node(**node)
             self.cluster.wait_for_nodes()
             ray.init(address=self.cluster.address, log_to_driver=False)
         else:

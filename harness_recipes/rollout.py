@@ -93,13 +93,16 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 
 
 @main.command()
-@click.option("--recipe", required=True, help="recipe file or bundled name (the same on every node)")
+@click.option("--config", "config", type=click.Path(dir_okay=False),
+              help="an experiment file (harness_recipes/experiments/*.toml) instead of the options below")
+@click.option("--dry-run", is_flag=True, help="with --config: check it here and print the plan; start nothing")
+@click.option("--recipe", help="recipe file or bundled name (the same on every node)")
 @click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
 @click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
 @click.option("--repos", type=click.Path(file_okay=False), help="with --swebench: directory of local clones owner__name")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
-@click.option("--server", required=True, help="the inference server every node's proxies forward to")
-@click.option("--store", required=True, help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
+@click.option("--server", help="the inference server every node's proxies forward to")
+@click.option("--store", help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
                                              "rollout records, shards")
 @click.option("--ray-address", default=None, help="Ray cluster to join: auto | HOST:PORT")
 @click.option("--local", "local_nodes", type=click.IntRange(1), default=None,
@@ -121,9 +124,9 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="environment variable holding the API key the harness sends (never given on the command line)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_address, local_nodes, proxies_per_node,
-          max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm, eval_concurrency, model,
-          api_key_env, no_progress, resume) -> None:
+def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server, store, ray_address, local_nodes,
+          proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
+          eval_concurrency, model, api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
     from .fleet import Cluster, NodeConfig, run_fleet
@@ -131,6 +134,11 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     from .progress import FleetView
     from .store import Store, StoreError
 
+    if config or dry_run:
+        _experiment(config, dry_run)
+        return
+    if not (recipe and server and store):
+        raise click.UsageError("give --recipe, --server and --store (or --config FILE)")
     if (ray_address is None) == (local_nodes is None):
         raise click.UsageError("give exactly one of --ray-address (auto | HOST:PORT) and --local N")
     try:
@@ -169,6 +177,21 @@ def fleet(recipe, tasks_path, swebench, repos, samples, server, store, ray_addre
     for name, why in res.lost.items():
         click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
     sys.exit(0 if res.queue["finished"] and not res.queue["groups"].get("given up") else 3)
+
+
+def _experiment(config, dry_run) -> None:
+    from .experiment import ExperimentError, load_experiment, plan
+    if not config:
+        raise click.UsageError("--dry-run needs --config FILE")
+    if not dry_run:
+        raise click.UsageError("--config runs only with --dry-run for now: the plan prints one `fleet` command per "
+                               "harness and the trainer's command, to run on the cluster")
+    try:
+        exp = load_experiment(config)
+    except ExperimentError as e:
+        raise click.UsageError(str(e)) from None
+    for line in plan(exp):
+        click.echo(line)
 
 
 def _tasks(tasks_path, swebench, repos):
