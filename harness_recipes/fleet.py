@@ -72,8 +72,8 @@ class TaskQueue:
     def finish(self, key: str, node: str, attempt: int) -> bool:
         return self.q.finish(key, node, attempt)
 
-    def node_lost(self, node: str) -> list[str]:
-        return [g.key for g in self.q.node_lost(node)]
+    def node_lost(self, node: str, published: list[tuple[str, int]] = ()) -> list[str]:
+        return [g.key for g in self.q.node_lost(node, {tuple(p) for p in published})]
 
     def status(self) -> dict:
         return {"finished": self.q.finished, "groups": self.q.counts(), "taken": dict(self.q.taken)}
@@ -89,6 +89,7 @@ class RolloutNode:
         self.published = 0
         self.note = "starting"
         self.urls: list[str] = []  # this node's proxies, while it runs
+        self.proxy_pids: list[int] = []
 
     def where(self) -> dict:
         import ray
@@ -99,7 +100,8 @@ class RolloutNode:
         p = self.pipeline
         phases = dict(p.stats.phase_counts) if p else {ph: 0 for ph in PHASES}
         return {"node": self.name, "phases": phases, "finished": p.stats.finished if p else 0,
-                "statuses": dict(p.stats.statuses) if p else {}, "published": self.published, "note": self.note}
+                "statuses": dict(p.stats.statuses) if p else {}, "published": self.published, "note": self.note,
+                "proxy_pids": list(self.proxy_pids)}
 
     async def run(self, queue) -> dict:
         cfg = self.cfg
@@ -115,7 +117,7 @@ class RolloutNode:
         where = self.where()
         self.note = "proxies"
         with proxy_pool(cfg.server, logdir, cfg.proxies, workdir=base / "proxies", sets=cfg.proxy_sets) as pool:
-            self.urls = pool.urls
+            self.urls, self.proxy_pids = pool.urls, [p.pid for p in pool.procs]
             settings = ep.Settings(proxy=pool.urls[0], proxies=tuple(pool.urls), model=cfg.model)
             if cfg.api_key:
                 settings.api_key = cfg.api_key
@@ -348,7 +350,8 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
                 results[name] = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor died (its node, its process) or run() raised
                 lost[name] = f"{type(exc).__name__}: {exc}"[:2000]
-                back = ray.get(queue.node_lost.remote(name))
+                published = [(r["task_id"], int(r["sample"])) for r in store.records() if r.get("node") == name]
+                back = ray.get(queue.node_lost.remote(name, published))
                 results[name] = {"node": name, "error": lost[name], "requeued": back}
         if on_stats is not None:
             live = [actors[n] for n in refs.values()]

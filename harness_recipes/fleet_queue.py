@@ -79,13 +79,16 @@ class WorkQueue:
         g.state = DONE
         return True
 
-    def node_lost(self, node: str) -> list[Group]:
+    def node_lost(self, node: str, published: set[tuple[str, int]] = frozenset()) -> list[Group]:
         """Re-queue (first in line) the groups ``node`` was running; returns them. A group past
-        max_attempts is given up instead."""
+        max_attempts is given up instead. ``published``: the (task, sample) pairs whose records
+        the node put in the store (the store is the truth: the node may have died between putting
+        a record and telling the queue); those samples are done, never run twice."""
         back = []
         for g in self.groups.values():
             if g.state != RUNNING or g.node != node:
                 continue
+            g.done_samples |= {s for (k, s) in published if k == g.key and s in g.samples}
             g.lost_on.append(node)
             g.node = None
             g.samples = tuple(x for x in g.samples if x not in g.done_samples)

@@ -121,3 +121,65 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     before = [r for r in rows if r["t_end"] < leader[0]["t_request"]]
     assert after and before
     assert {r["weight_version"] for r in after} == {"1"} and {r["weight_version"] for r in before} == {old}
+
+
+def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
+    """Three nodes; one worker node's raylet is killed (ray.cluster_utils remove_node, not graceful)
+    while it runs episodes: its unfinished samples run again on the others under a new attempt id,
+    what it published stays, and every (task, sample) ends with exactly one finished record."""
+    import signal
+    import threading
+
+    from harness_recipes.fleet import Cluster, NodeConfig, node_name, run_fleet
+    from harness_recipes.fleet_queue import plan_groups
+    from harness_recipes.tasks import load_tasks
+
+    recipe = fake_recipe(tmp_path, ["chat", "1", "sleep", "1.5"], name="fleetkill", via="path")
+    n_tasks = 8
+    tasks = load_tasks(write_tasks(tmp_path, n=n_tasks))
+    store_uri = f"file://{tmp_path}/store"
+    store = Store(store_uri)
+    seen: dict[str, dict] = {}
+    with polar_serve(tiny_model_dir(), "vllm") as srv, Cluster(local=3) as c:
+        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=1,
+                         runtime_opts={"isolation": "none"}, node_dir=str(tmp_path / "nodes"),
+                         limits={"prewarm": 1, "run": 1, "eval": 1})
+        out = {}
+
+        def on_stats(stats, queue, wall):
+            for s in stats:
+                seen[s["node"]] = s
+
+        t = threading.Thread(target=lambda: out.update(res=run_fleet(cfg, plan_groups(tasks, 1)[0], on_stats=on_stats,
+                                                                     max_attempts=3)))
+        t.start()
+        victim = next(iter(c.cluster.worker_nodes))
+        vname = "node-" + victim.node_id[:12]
+        deadline = time.monotonic() + 300
+        # kill it while it runs an episode, after it finished at least one
+        while not (seen.get(vname, {}).get("published", 0) >= 1 and seen[vname]["phases"].get("run", 0) >= 1):
+            assert t.is_alive() and time.monotonic() < deadline, (out, seen)
+            time.sleep(0.1)
+        leftover = seen[vname]["proxy_pids"]
+        c.cluster.remove_node(victim, allow_graceful=False)
+        t.join(600)
+        for pid in leftover:  # a dead node's processes die with its machine; here they outlive the raylet
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    res = out["res"]
+    assert list(res.lost) == [vname] and res.queue["finished"] and res.queue["groups"]["done"] == n_tasks, res
+    assert node_name({"NodeID": victim.node_id}) == vname
+    recs = store.records()
+    finished = {}
+    for r in recs:
+        assert r["status"] == "done", r
+        key = (r["task_id"], r["sample"])
+        assert key not in finished, f"{key} finished twice: {finished.get(key)} and {r['episode_id']}"
+        finished[key] = r["episode_id"]
+    assert len(finished) == n_tasks  # none lost
+    retried = [r for r in recs if r["attempt"] > 0]
+    assert retried and all(r["node"] != vname and r["episode_id"].endswith(f".a{r['attempt']}") for r in retried)
+    assert any(r["node"] == vname for r in recs)  # what it published before it died stays
+    assert store.list("logs") == sorted(f"{e}.arrow" for e in finished.values())

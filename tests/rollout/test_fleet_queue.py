@@ -90,3 +90,12 @@ def test_a_resumed_fleet_skips_done_episodes_and_retries_the_rest_under_a_new_at
     assert groups[0].episode_ids() == ["t0.s1.a1"]
     fresh, none = plan_groups(tasks, 2)
     assert none == 0 and [g.samples for g in fresh] == [(0, 1)] * 3
+
+
+def test_samples_a_lost_node_published_but_never_acknowledged_are_not_run_again():
+    q = WorkQueue(groups(1, samples=3))
+    g, = q.take("n1", 1)
+    q.episode_done("t0", 0, "n1", 0)
+    # sample 1's record reached the store, then the node died before telling the queue
+    back = q.node_lost("n1", {("t0", 1), ("other", 2)})
+    assert [b.samples for b in back] == [(2,)] and g.attempt == 1
