@@ -2,9 +2,10 @@
 
     driver (polar-rollout fleet)             Ray node 1 .. N
       TaskQueue actor (fleet_queue.py)  <--  RolloutNode actor: K capture proxies (proxies.py) in front
-      live view of every node                of --server, the pipelined phases of `run` (scheduler.py),
-                                             each finished episode's log + record -> the store
-                                             (store.py); its shards -> the store at the end
+      WeightsCoordinator actor               of --server, the pipelined phases of `run` (scheduler.py),
+      Recon: polar-recon watch over the      each finished episode's log + record -> the store
+        store's logs -> <store>/shards       (store.py)
+      live view of every node
 
 Placement is Ray's: one RolloutNode per alive node, pinned with a hard NodeAffinitySchedulingStrategy
 (exactly one per node, and the node id is the actor's name in the records; a STRICT_SPREAD
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +29,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from . import episode as ep
 from .fleet_queue import Group, WorkQueue
 from .install import ensure_installed
+from .procs import stop
 from .proxies import DEFAULT_LEASE_S, SyncResult, coordinate, hold_proxies, lead_sync, proxy_pool, release_proxies
 from .recipe import load_recipe
 from .records import Records
@@ -153,10 +158,8 @@ class RolloutNode:
                 await asyncio.gather(*running, return_exceptions=True)
                 await runtime.shutdown()
                 self.urls = []
-        self.note = "shards"
-        shards = await asyncio.to_thread(self._shards, store, logdir, out)
         self.note = "done"
-        return {**where, **self.stats(), "shards": shards}
+        return {**where, **self.stats()}
 
     # -- this node's part in a fleet-wide weight sync (WeightsCoordinator) ------------------------
     # The proxies listen on this node's 127.0.0.1 only: the coordinator reaches them through Ray.
@@ -195,19 +198,6 @@ class RolloutNode:
             rec["log"] = store.put_file(log, f"{LOGS}/{job.eid}.arrow")
         store.put_json(f"{RECORDS}/{job.eid}.json", rec)
         self.published += 1
-
-    def _shards(self, store: Store, logdir: Path, out: Path) -> list[str]:
-        """Reconstruct this node's finished episodes (whole groups: the queue hands out whole
-        groups) and put the shards into the store under shards/<node>/."""
-        proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"node {self.name}: polar-recon build failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        put = []
-        for f in sorted(out.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                put.append(store.put_file(f, f"{SHARDS}/{self.name}/{f.name}"))
-        return put
 
 
 WEIGHTS_ACTOR, NAMESPACE = "polar-fleet-weights", "polar"
@@ -312,6 +302,7 @@ class FleetResult:
     lost: dict[str, str]  # nodes whose actor died or failed: why
     queue: dict
     seconds: float
+    shards: dict = field(default_factory=dict)  # what Recon built
 
     @property
     def episodes(self) -> int:
@@ -327,42 +318,89 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
 
     t0 = time.monotonic()
     store = Store(cfg.store)  # fail here, not on every node, for a bad URI
-    queue = ray.remote(TaskQueue).options(num_cpus=0).remote(groups, max_attempts)
-    actors, refs = {}, {}
-    for node in alive_nodes():
-        name = node_name(node)
-        strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        actors[name] = ray.remote(RolloutNode).options(num_cpus=0, max_restarts=0, scheduling_strategy=strategy,
-                                                       max_concurrency=16).remote(name, cfg)
-        refs[actors[name].run.remote(queue)] = name
-    if not actors:
-        raise RuntimeError("the Ray cluster has no alive node")
-    weights = ray.remote(WeightsCoordinator).options(num_cpus=0, name=WEIGHTS_ACTOR, namespace=NAMESPACE,
-                                                     max_concurrency=8).remote(dict(actors))
-    results: dict[str, dict] = {}
-    lost: dict[str, str] = {}
-    while refs:
-        ready, _ = ray.wait(list(refs), timeout=poll_s)
-        for ref in ready:
-            name = refs.pop(ref)
-            weights.forget.remote(name)  # its proxies are gone: later syncs skip it
-            try:
-                results[name] = ray.get(ref)
-            except ray.exceptions.RayError as exc:  # the actor died (its node, its process) or run() raised
-                lost[name] = f"{type(exc).__name__}: {exc}"[:2000]
-                published = [(r["task_id"], int(r["sample"])) for r in store.records() if r.get("node") == name]
-                back = ray.get(queue.node_lost.remote(name, published))
-                results[name] = {"node": name, "error": lost[name], "requeued": back}
-        if on_stats is not None:
-            live = [actors[n] for n in refs.values()]
-            try:
-                stats = ray.get([a.stats.remote() for a in live], timeout=5)
-            except ray.exceptions.RayError:
-                stats = []
-            on_stats(stats + [results[n] for n in results], ray.get(queue.status.remote()), time.monotonic() - t0)
+    recon = Recon(store, cfg.samples)
+    recon.start()
+    try:
+        queue = ray.remote(TaskQueue).options(num_cpus=0).remote(groups, max_attempts)
+        actors, refs = {}, {}
+        for node in alive_nodes():
+            name = node_name(node)
+            strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            actors[name] = ray.remote(RolloutNode).options(num_cpus=0, max_restarts=0, scheduling_strategy=strategy,
+                                                           max_concurrency=16).remote(name, cfg)
+            refs[actors[name].run.remote(queue)] = name
+        if not actors:
+            raise RuntimeError("the Ray cluster has no alive node")
+        weights = ray.remote(WeightsCoordinator).options(num_cpus=0, name=WEIGHTS_ACTOR, namespace=NAMESPACE,
+                                                         max_concurrency=8).remote(dict(actors))
+        results: dict[str, dict] = {}
+        lost: dict[str, str] = {}
+        while refs:
+            ready, _ = ray.wait(list(refs), timeout=poll_s)
+            for ref in ready:
+                name = refs.pop(ref)
+                weights.forget.remote(name)  # its proxies are gone: later syncs skip it
+                try:
+                    results[name] = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the actor died (its node, its process) or run() raised
+                    lost[name] = f"{type(exc).__name__}: {exc}"[:2000]
+                    published = [(r["task_id"], int(r["sample"])) for r in store.records() if r.get("node") == name]
+                    back = ray.get(queue.node_lost.remote(name, published))
+                    results[name] = {"node": name, "error": lost[name], "requeued": back}
+            if on_stats is not None:
+                live = [actors[n] for n in refs.values()]
+                try:
+                    stats = ray.get([a.stats.remote() for a in live], timeout=5)
+                except ray.exceptions.RayError:
+                    stats = []
+                on_stats(stats + [results[n] for n in results], ray.get(queue.status.remote()), time.monotonic() - t0)
+    except BaseException:
+        if recon.proc is not None:
+            stop(recon.proc, signal.SIGINT, grace=30)
+        raise
     status = ray.get(queue.status.remote())
     ray.kill(weights)
-    res = FleetResult(results, lost, status, time.monotonic() - t0)
+    shards = recon.finish()
+    res = FleetResult(results, lost, status, time.monotonic() - t0, shards)
     store.put_json("rollout/fleet.json", {"nodes": results, "lost": lost, "queue": status, "seconds": res.seconds,
-                                          "episodes": res.episodes, "config": asdict(cfg) | {"api_key": None}})
+                                          "episodes": res.episodes, "shards": shards,
+                                          "config": asdict(cfg) | {"api_key": None}})
     return res
+
+
+class Recon:
+    """One reconstruction for the whole fleet, next to the store: ``polar-recon watch`` over the
+    store's logs while the fleet runs (whole GRPO groups, shards landing as they complete, one
+    manifest: an episode reaches a shard once, whichever node ran it, a dead node's published ones
+    too), then one last ``build`` for what is left (a group given up after a dead node). The
+    trainer reads ``<store>/shards`` (``--shards``) as they land.
+
+    Needs the store's logs on a path this machine can read: a file:// store (a shared filesystem).
+    For other stores the fleet says so and leaves ``polar-recon build`` to a machine that mounts it."""
+
+    def __init__(self, store: Store, group_size: int):
+        self.store, self.group_size = store, group_size
+        self.local = isinstance(store.fs, pafs.LocalFileSystem)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        if not self.local:
+            return
+        logs, shards = self.store.path(LOGS), self.store.path(SHARDS)
+        for d in (logs, shards):
+            self.store.fs.create_dir(d, recursive=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", logs, shards,
+                                      "--group-size", str(self.group_size), "--poll", "1"])
+
+    def finish(self) -> dict:
+        if not self.local:
+            return {"built": False, "why": f"the store {self.store.uri} is not a local or shared filesystem here: "
+                                          f"run polar-recon build on a machine that mounts its logs/"}
+        stop(self.proc, signal.SIGINT, grace=60)  # watch finishes the shard it is writing and exits 0
+        logs, shards = self.store.path(LOGS), self.store.path(SHARDS)
+        proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", logs, shards],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"polar-recon build {logs} {shards} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return {"built": True, "watch_rc": self.proc.returncode, "path": shards,
+                "files": [n for n in self.store.list(SHARDS) if n.endswith(".parquet")]}

@@ -174,6 +174,10 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server,
         res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
     click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
                f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; store {store}")
+    if res.shards.get("built"):
+        click.echo(f"polar-fleet: shards in {res.shards['path']} ({len(res.shards['files'])} files)")
+    else:
+        click.echo(f"polar-fleet: shards not built: {res.shards.get('why')}", err=True)
     for name, why in res.lost.items():
         click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
     sys.exit(0 if res.queue["finished"] and not res.queue["groups"].get("given up") else 3)
