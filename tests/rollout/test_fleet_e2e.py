@@ -76,7 +76,7 @@ def test_fleet_of_two_nodes_runs_every_episode_once_into_the_store(tmp_path):
 
 
 def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_once(tmp_path):
-    """The fleet's named coordinator actor (what a trainer in the cluster calls) holds the 4 proxies
+    """The fleet's named coordinator actor (what the trainer's sync_mode=fleet calls) holds the 4 proxies
     of 2 nodes, has one of them load the new weights, releases all: rows name the exact version."""
     import threading
 
@@ -84,6 +84,7 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     from harness_recipes.fleet_queue import plan_groups
     from harness_recipes.tasks import load_tasks
     from harness_recipes.weights import perturbed_copy
+    from trainer.weight_sync import fleet_sync, fleet_version
 
     recipe = fake_recipe(tmp_path, ["chat", str(CALLS), "sleep", "0.3"], name="fleetsync", via="path")
     tasks = load_tasks(write_tasks(tmp_path, n=10))
@@ -102,9 +103,10 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
         while len(store.list("rollout/records")) < 2:  # the fleet is running on both nodes
             assert t.is_alive() and time.monotonic() < deadline, out
             time.sleep(0.2)
-        coord = ray.get_actor(WEIGHTS_ACTOR, namespace=NAMESPACE)
-        sync = ray.get(coord.sync.remote(str(new), "1", 120.0), timeout=300)
-        info = ray.get(coord.info.remote(), timeout=60)
+        # what the trainer's sync_mode=fleet calls (this process already joined the cluster)
+        sync = fleet_sync("auto", str(new), "1", timeout=300)
+        assert fleet_version("auto") == "1"
+        info = ray.get(ray.get_actor(WEIGHTS_ACTOR, namespace=NAMESPACE).info.remote(), timeout=60)
         t.join(600)
         served = httpx.get(srv.base_url + "/polar/weight_version").json()["weight_version"]
     res = out["res"]
