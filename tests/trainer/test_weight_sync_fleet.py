@@ -8,5 +8,5 @@ from trainer.weight_sync import MODES
 
 def test_fleet_is_a_sync_mode():
     assert "fleet" in MODES
-    cfg = PolarGRPOConfig(output_dir="/tmp/x", use_cpu=True, sync_mode="fleet", shards="/tmp/s")
+    cfg = PolarGRPOConfig(output_dir="/tmp/x", use_cpu=True, sync_mode="fleet", shards="/tmp/s", max_steps=1)
     assert cfg.sync_mode == "fleet"
