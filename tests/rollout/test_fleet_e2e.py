@@ -87,7 +87,7 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     from trainer.weight_sync import fleet_sync, fleet_version
 
     recipe = fake_recipe(tmp_path, ["chat", str(CALLS), "sleep", "0.3"], name="fleetsync", via="path")
-    tasks = load_tasks(write_tasks(tmp_path, n=10))
+    tasks = load_tasks(write_tasks(tmp_path, n=16))
     new = perturbed_copy(tiny_model_dir(), tmp_path / "step-1", scale=0.2)
     store_uri = f"file://{tmp_path}/store"
     store = Store(store_uri)
@@ -122,7 +122,7 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     assert len(leader) == 1 and leader[0]["outcome"] == "ok" and [s["step"] for s in leader[0]["steps"]] == ["reload"]
     assert sorted(r.get("role", "") for r in recs if "role" in r) == ["held for a peer's sync"] * 3
     rows = [r for f in store.list("logs") for r in read_episode(Path(store.path(f"logs/{f}"))).calls.to_dicts()]
-    assert len(rows) == 10 * CALLS
+    assert len(rows) == 16 * CALLS
     after = [r for r in rows if r["t_start"] > leader[0]["t_released"]]
     before = [r for r in rows if r["t_end"] < leader[0]["t_request"]]
     assert after and before
