@@ -145,3 +145,15 @@ async def _until(pred, timeout=60.0):
 def _syncs(work):
     p = work / "logs" / "weight-syncs.jsonl"
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_hold_and_release_endpoints_refuse_bad_requests(stack):
+    srv, pool, work, model = stack
+    url = pool.urls[1]
+    r = httpx.get(url + "/polar/@weights/hold")
+    assert r.status_code == 405 and "accepts POST" in r.json()["error"]["message"]
+    r = httpx.post(url + "/polar/@weights/hold", json={"version": "9", "lease_s": -1})
+    assert r.status_code == 400 and "lease_s" in r.json()["error"]["message"]
+    r = httpx.post(url + "/polar/@weights/release", json={"version": "9", "weight_version": "9", "ok": True})
+    assert r.status_code == 409 and "no weight hold for version '9'" in r.json()["error"]["message"]
+    assert httpx.get(url + "/polar/@weights").json()["state"] == "serving"  # nothing was held
