@@ -46,11 +46,12 @@ def test_fleet_of_two_nodes_runs_every_episode_once_into_the_store(tmp_path):
     tasks = write_tasks(tmp_path, n=TASKS)
     store_uri = f"file://{tmp_path}/store"
     with polar_serve(tiny_model_dir(), "vllm") as srv:
+        model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
         res = subprocess.run(
             [sys.executable, "-m", "harness_recipes.rollout", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
              "--samples", str(SAMPLES), "--server", srv.base_url, "--store", store_uri, "--local", "2",
              "--proxies-per-node", "2", "--concurrency", "2", "--prewarm", "1", "--isolation", "none",
-             "--node-dir", str(tmp_path / "nodes"), "--no-progress"],
+             "--node-dir", str(tmp_path / "nodes"), "--model", model, "--no-progress"],
             cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"{TASKS * SAMPLES} episodes on 2 nodes" in res.stdout, res.stdout
@@ -93,7 +94,8 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     store = Store(store_uri)
     with polar_serve(tiny_model_dir(), "vllm") as srv, Cluster(local=2):
         old = httpx.get(srv.base_url + "/polar/weight_version").json()["weight_version"]
-        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=2,
+        model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
+        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=2, model=model,
                          runtime_opts={"isolation": "none"}, node_dir=str(tmp_path / "nodes"),
                          limits={"prewarm": 1, "run": 1, "eval": 1})
         out = {}
@@ -147,7 +149,8 @@ def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
     store = Store(store_uri)
     seen: dict[str, dict] = {}
     with polar_serve(tiny_model_dir(), "vllm") as srv, Cluster(local=3) as c:
-        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=1,
+        model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
+        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=1, model=model,
                          runtime_opts={"isolation": "none"}, node_dir=str(tmp_path / "nodes"),
                          limits={"prewarm": 1, "run": 1, "eval": 1})
         out = {}
