@@ -36,7 +36,18 @@ from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_i
 from addon.sampling import GenerationConfigError, load_generation_config
 from addon.server_weights import KINDS as SERVER_KINDS
 from addon.translate import TranslationError, translator_for
-from addon.weight_hold import SYNC_PATH, HoldTimeout, SyncRequestError, UpstreamWeights, parse_sync_body
+from addon.weight_hold import ENDPOINTS as WEIGHT_ENDPOINTS
+from addon.weight_hold import (
+    HOLD_PATH,
+    RELEASE_PATH,
+    SYNC_PATH,
+    HoldTimeout,
+    SyncRequestError,
+    UpstreamWeights,
+    parse_hold_body,
+    parse_release_body,
+    parse_sync_request,
+)
 from polar_recon.logtable import LogError
 from polar_recon.logwriter import warm_up
 
@@ -217,8 +228,8 @@ class PolarAddon:
         path = req.path
         translator = None
         api = api_of(req.method, path)
-        if path.startswith(SYNC_PATH) and path.partition("?")[0].rstrip("/") == SYNC_PATH:
-            await self._weights_endpoint(flow)
+        if path.startswith(SYNC_PATH) and (endpoint := path.partition("?")[0].rstrip("/")) in WEIGHT_ENDPOINTS:
+            await self._weights_endpoint(flow, endpoint)
             return
         if not path.startswith(PREFIX) and api is None:
             translator = translator_for(req.method, path)
@@ -370,31 +381,49 @@ class PolarAddon:
         c.weight_hold = uw
         return True
 
-    async def _weights_endpoint(self, flow: http.HTTPFlow) -> None:
-        """GET /polar/@weights: the upstream's version; POST: a weight sync (weight_hold.py)."""
+    async def _weights_endpoint(self, flow: http.HTTPFlow, endpoint: str = SYNC_PATH) -> None:
+        """GET /polar/@weights: the upstream's version; POST: a weight sync; POST .../hold and
+        .../release: this proxy's part in a sync another proxy of the same server runs
+        (weight_hold.py)."""
         req = flow.request
         uw = await self._weights(self._upstream_base(flow), req.headers.get("authorization"))
-        if req.method == "GET":
+        if req.method == "GET" and endpoint == SYNC_PATH:
             flow.response = _json_response(200, uw.info())
             return
         if req.method != "POST":
-            flow.response = _error_response(405, f"{SYNC_PATH} accepts GET and POST, not {req.method}")
+            flow.response = _error_response(405, f"{endpoint} accepts {'GET and ' if endpoint == SYNC_PATH else ''}"
+                                                 f"POST, not {req.method}")
             return
         try:
-            path, version = parse_sync_body(req.content or b"")
+            if endpoint == HOLD_PATH:
+                version, lease_s = parse_hold_body(req.content or b"")
+                status, answer = await uw.hold_for_peer(version, ctx.options.polar_sync_drain_ms / 1000, lease_s)
+            elif endpoint == RELEASE_PATH:
+                version, after, ok = parse_release_body(req.content or b"")
+                status, answer = uw.release_peer(version, after, ok)
+                if status == 200:
+                    self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights
+            else:
+                path, version, peers_drained = parse_sync_request(req.content or b"")
+                status, answer = await self._sync(flow, uw, path, version, peers_drained)
         except SyncRequestError as exc:
             flow.response = _error_response(400, str(exc))
             return
-        if not ctx.options.polar_server_api_key and req.headers.get("authorization"):
-            uw.headers = {"Authorization": req.headers["authorization"]}
-        if uw.kind is None:  # the server may have come up since the first call: ask again
-            await uw.detect(ctx.options.polar_server_kind)
-        status, answer = await uw.sync(path, version, ctx.options.polar_sync_drain_ms / 1000)
-        self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights, maybe a restarted server
         if status != 200:
             answer = {**answer, "error": {"message": answer["error"], "type": "polar_weight_sync_error",
                                           "code": status}}
         flow.response = _json_response(status, answer)
+
+    async def _sync(self, flow: http.HTTPFlow, uw: UpstreamWeights, path: str, version: str,
+                    peers_drained: bool) -> tuple[int, dict]:
+        req = flow.request
+        if not ctx.options.polar_server_api_key and req.headers.get("authorization"):
+            uw.headers = {"Authorization": req.headers["authorization"]}
+        if uw.kind is None:  # the server may have come up since the first call: ask again
+            await uw.detect(ctx.options.polar_server_kind)
+        status, answer = await uw.sync(path, version, ctx.options.polar_sync_drain_ms / 1000, peers_drained)
+        self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights, maybe a restarted server
+        return status, answer
 
     # -- sampling and logprobs mode (sampling.py, logprobs_probe.py) ---------------------------------
     def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:

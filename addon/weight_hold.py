@@ -9,6 +9,15 @@ calls, answer ``{"weight_version": V, "previous_version", "server_kind", "second
 "held_calls", "spanned_calls"}``. A failed sync answers 502 with the reason and the version the
 server still serves; the held calls are released either way. ``GET /polar/@weights``: the
 upstream's kind, version and state.
+
+Several proxies in front of one server (harness_recipes/proxies.py) sync as one: every proxy
+but one gets ``POST /polar/@weights/hold`` ``{"version": V, "lease_s": S}`` (hold, drain, then
+count as loading: calls still in flight span), the remaining one the ordinary sync above with
+``"peers_drained"`` (so a server whose pause differs for a drained engine is told the truth), and
+the held ones ``POST /polar/@weights/release`` ``{"version": V, "weight_version": W, "ok": B}``
+with what that sync answered. The server loads once; no proxy admits a call while it loads. A held
+proxy whose release never comes (the coordinator died) releases itself after ``lease_s`` with the
+version the server reports then.
 """
 from __future__ import annotations
 
@@ -22,7 +31,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from polar_recon.weight_versions import check_version, unknown
+from polar_recon.weight_versions import VERSION_RE, check_version, is_marker, unknown
 
 from .server_weights import (
     ATOMIC,
@@ -38,7 +47,14 @@ from .weight_gate import SERVING, GateBusy, Ticket, WeightGate
 log = logging.getLogger("polar")
 SYNC_PATH = "/polar/@weights"
 SYNC_LOG = "weight-syncs.jsonl"
+HOLD_PATH = SYNC_PATH + "/hold"
+RELEASE_PATH = SYNC_PATH + "/release"
+ENDPOINTS = (SYNC_PATH, HOLD_PATH, RELEASE_PATH)
 SYNC_BODY_KEYS = frozenset({"path", "version"})
+SYNC_OPTIONAL_KEYS = frozenset({"peers_drained"})
+HOLD_BODY_KEYS = frozenset({"version", "lease_s"})
+RELEASE_BODY_KEYS = frozenset({"version", "weight_version", "ok"})
+MAX_LEASE_S = 24 * 3600.0
 DETECT_RETRY_S = 30.0  # an upstream whose version could not be read is asked again after this
 
 # (method, url, json body or None, headers, timeout) -> (status, body)
@@ -53,26 +69,68 @@ class SyncRequestError(ValueError):
     """A sync request the proxy refuses (HTTP 400); the message names the problem."""
 
 
-def parse_sync_body(raw: bytes) -> tuple[str, str]:
-    """(path, version) of a POST /polar/@weights body, validated strictly."""
+def _json_object(raw: bytes, what: str, keys: frozenset, optional: frozenset = frozenset()) -> dict:
     try:
         obj = json.loads(raw or b"")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise SyncRequestError(f"weight sync body is not valid JSON: {exc}") from None
+        raise SyncRequestError(f"{what} body is not valid JSON: {exc}") from None
+    shape = "{" + ", ".join(f'"{k}": ...' for k in sorted(keys)) + "}"
     if not isinstance(obj, dict):
-        raise SyncRequestError('weight sync body must be a JSON object {"path": DIR, "version": V}')
-    extra, missing = set(obj) - SYNC_BODY_KEYS, SYNC_BODY_KEYS - set(obj)
+        raise SyncRequestError(f"{what} body must be a JSON object {shape}")
+    extra, missing = set(obj) - keys - optional, keys - set(obj)
     if extra or missing:
-        raise SyncRequestError(f"weight sync body: unknown keys {sorted(extra)}, missing keys {sorted(missing)}; "
-                               'expected exactly {"path": DIR, "version": V}')
+        raise SyncRequestError(f"{what} body: unknown keys {sorted(extra)}, missing keys {sorted(missing)}; "
+                               f"expected {shape}" + (f" (optional: {sorted(optional)})" if optional else ""))
+    return obj
+
+
+def _version(v: object, what: str) -> str:
+    try:
+        return check_version(v, what)
+    except ValueError as exc:
+        raise SyncRequestError(str(exc)) from None
+
+
+def parse_sync_body(raw: bytes) -> tuple[str, str]:
+    """(path, version) of a POST /polar/@weights body, validated strictly."""
+    return parse_sync_request(raw)[:2]
+
+
+def parse_sync_request(raw: bytes) -> tuple[str, str, bool]:
+    """(path, version, peers_drained) of a POST /polar/@weights body; ``peers_drained`` (default
+    true) is false when another proxy in front of the same server still had calls in flight."""
+    obj = _json_object(raw, "weight sync", SYNC_BODY_KEYS, SYNC_OPTIONAL_KEYS)
     path = obj["path"]
     if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
         raise SyncRequestError(f"weight sync 'path' must be a non-empty directory path string, not {path!r}")
-    try:
-        version = check_version(obj["version"], "weight sync 'version'")
-    except ValueError as exc:
-        raise SyncRequestError(str(exc)) from None
-    return path, version
+    peers_drained = obj.get("peers_drained", True)
+    if not isinstance(peers_drained, bool):
+        raise SyncRequestError(f"weight sync 'peers_drained' must be true or false, not {peers_drained!r}")
+    return path, _version(obj["version"], "weight sync 'version'"), peers_drained
+
+
+def parse_hold_body(raw: bytes) -> tuple[str, float]:
+    """(version, lease_s) of a POST /polar/@weights/hold body."""
+    obj = _json_object(raw, "weight hold", HOLD_BODY_KEYS)
+    lease = obj["lease_s"]
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 < lease <= MAX_LEASE_S:
+        raise SyncRequestError(f"weight hold 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:g}], "
+                               f"not {lease!r}")
+    return _version(obj["version"], "weight hold 'version'"), float(lease)
+
+
+def parse_release_body(raw: bytes) -> tuple[str, str | None, bool]:
+    """(version held for, weight_version after, ok) of a POST /polar/@weights/release body. The
+    version after may be a marker (the sync failed and left the weights unknown) or null."""
+    obj = _json_object(raw, "weight release", RELEASE_BODY_KEYS)
+    after, ok = obj["weight_version"], obj["ok"]
+    if not isinstance(ok, bool):
+        raise SyncRequestError(f"weight release 'ok' must be true or false, not {ok!r}")
+    if after is not None and not (isinstance(after, str) and 0 < len(after) <= 1024 and
+                                  (is_marker(after) or VERSION_RE.match(after))):
+        raise SyncRequestError(f"weight release 'weight_version' must be a version, a spans:/unknown: marker "
+                               f"or null, not {after!r}")
+    return _version(obj["version"], "weight release 'version'"), after, ok
 
 
 async def urllib_http(method: str, url: str, body: Any, headers: dict, timeout: float) -> tuple[int, bytes]:
@@ -108,6 +166,7 @@ class UpstreamWeights:
         self._recovery: dict | None = None  # the failed sync's attempt to load good_path again
         self.detect_retry_at = 0.0  # (monotonic) when detect may run again while the kind is unknown
         self._changed = asyncio.Event()
+        self._peer: dict | None = None  # the hold another proxy's sync asked for (hold_for_peer)
 
     def _signal(self) -> None:
         self._changed.set()
@@ -185,8 +244,9 @@ class UpstreamWeights:
         return root if isinstance(root, str) else None
 
     # -- a sync -----------------------------------------------------------------------------------
-    async def sync(self, path: str, version: str, drain_s: float) -> tuple[int, dict]:
-        """(HTTP status, answer) of one sync to ``version``; never raises for a server failure."""
+    async def sync(self, path: str, version: str, drain_s: float, peers_drained: bool = True) -> tuple[int, dict]:
+        """(HTTP status, answer) of one sync to ``version``; never raises for a server failure.
+        ``peers_drained`` false: other proxies in front of this server still have calls in flight."""
         if self.kind not in KINDS:
             return 503, {"error": f"the proxy does not know what server {self.base} is (no weight version "
                                   f"endpoint answered); set polar_server_kind, or start vLLM with "
@@ -206,8 +266,10 @@ class UpstreamWeights:
         try:
             drained = await self._until(lambda: self.gate.drained, drain_s)
             rec["drained"], rec["t_drained"] = drained, time.time()
+            if not peers_drained:
+                rec["peers_drained"] = False
             spanned = self.gate.load()
-            for step in sync_steps(self.kind, path, version, drained):
+            for step in sync_steps(self.kind, path, version, drained and peers_drained):
                 if error is not None and not step.always:
                     continue
                 t = time.time()
@@ -261,6 +323,63 @@ class UpstreamWeights:
                  version, rec["seconds"], rec["held_calls"], len(spanned))
         return 200, answer
 
+    # -- a hold for another proxy's sync (several proxies in front of one server) -----------------
+    async def hold_for_peer(self, version: str, drain_s: float, lease_s: float) -> tuple[int, dict]:
+        """Hold new calls and drain for a sync another proxy runs; the gate then counts as loading
+        (the calls still in flight span: the load may start any moment). Released by
+        ``release_peer``, else after ``lease_s`` by itself."""
+        try:
+            self.gate.hold(version)
+        except GateBusy as exc:
+            return 409, {"error": str(exc)}
+        t0 = time.time()
+        self._signal()
+        peer = self._peer = {"target": version, "previous_version": self.gate.version, "t_request": t0}
+        try:
+            drained = await self._until(lambda: self.gate.drained, drain_s)
+        finally:
+            # (also when cancelled: the gate must not stay held with nobody to release it)
+            peer.update(drained=self.gate.drained, t_drained=time.time(), spanned=len(self.gate.load()))
+            loop = asyncio.get_running_loop()
+            peer["lease"] = loop.call_later(lease_s, lambda: asyncio.ensure_future(self._lease_expired(peer)))
+        return 200, {"held": True, "target_version": version, "weight_version": self.gate.version,
+                     "drained": drained, "in_flight": len(self.gate.inflight), "held_calls": self.gate.waiting,
+                     "spanned_calls": peer["spanned"], "server_kind": self.kind}
+
+    def release_peer(self, version: str, after: str | None, ok: bool, why: str = "") -> tuple[int, dict]:
+        """End a hold_for_peer: new calls run under ``after`` (the version the sync answered)."""
+        peer = self._peer
+        if peer is None or peer["target"] != version or self.gate.state == SERVING:
+            held = peer["target"] if peer else None
+            return 409, {"error": f"no weight hold for version {version!r} to release (held for: {held!r}, "
+                                  f"state {self.gate.state})"}
+        self._peer = None
+        peer["lease"].cancel()
+        self.gate.release(after, ok)
+        self._signal()
+        t1 = time.time()
+        rec = {"upstream": self.base, "server_kind": self.kind, "role": "held for a peer's sync",
+               "previous_version": peer["previous_version"], "target_version": version, "t_request": peer["t_request"],
+               "drained": peer["drained"], "t_drained": peer["t_drained"], "t_released": t1,
+               "outcome": "ok" if ok else "failed", "weight_version": after, "seconds": round(t1 - peer["t_request"], 4),
+               "held_calls": self.gate.waiting, "spanned_calls": peer["spanned"], **({"error": why} if why else {})}
+        self._record(rec)
+        log.info("polar: weight hold of %s for %r released: serving %r (%s)", self.base, version, after, rec["outcome"])
+        return 200, {"weight_version": after, "previous_version": peer["previous_version"], "released": True,
+                     "held_calls": rec["held_calls"], "spanned_calls": peer["spanned"], "seconds": rec["seconds"]}
+
+    async def _lease_expired(self, peer: dict) -> None:
+        if self._peer is not peer:
+            return
+        try:
+            after = await self.read_version() if self.kind in KINDS else self.gate.version
+        except Exception as exc:  # noqa: BLE001
+            after = unknown(f"version unreadable when a weight hold for {peer['target']} expired: {exc}"[:200])
+        why = "the hold's lease expired with no release (the sync's coordinator is gone)"
+        log.error("polar: weight hold of %s for %r: %s; serving %r as the server reports", self.base, peer["target"],
+                  why, after)
+        self.release_peer(peer["target"], after, after == peer["target"], why)
+
     async def _after_failure(self, before: str | None, target: str, load_tried: bool) -> str:
         """The version after a failed sync: the server's own word when its load is atomic. vLLM's
         in-place reload is not: a failed one leaves the model's weights unloaded (on the CPU build
@@ -308,4 +427,5 @@ class UpstreamWeights:
     def info(self) -> dict:
         g = self.gate
         return {"upstream": self.base, "server_kind": self.kind, "weight_version": g.version, "state": g.state,
-                "target_version": g.target, "in_flight": len(g.inflight), "held_calls": g.waiting, "syncs": g.syncs}
+                "target_version": g.target, "held_for_peer": self._peer is not None, "in_flight": len(g.inflight),
+                "held_calls": g.waiting, "syncs": g.syncs}

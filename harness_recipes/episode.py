@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
+from .proxies import pick
 from .recipe import Recipe
 from .runtimes.base import ExecResult, Sandbox
 from .tasks import Task
@@ -36,14 +37,22 @@ def episode_id(task_id: str, sample: int, attempt: int) -> str:
 class Settings:
     proxy: str  # the capture proxy's base URL, e.g. http://127.0.0.1:8080
     model: str = "polar-model"
+    # Several proxies on this node (proxies.py): each episode goes to one of them, by its id; empty: `proxy`.
+    proxies: tuple[str, ...] = ()
     api_key: str = "polar-local-key"  # a placeholder: the proxy/server in this setup need no real key
     # Base environment for harness and evaluation. Not the caller's environment: no secrets leak in.
     base_path: str = field(default_factory=lambda: os.environ.get("PATH", "/usr/bin:/bin"))
 
+    def proxy_for(self, eid: str) -> str:
+        """The proxy of episode ``eid``: all its calls and its end go there (its log has one writer)."""
+        if not self.proxies:
+            return self.proxy
+        return self.proxies[pick(eid, len(self.proxies))]
+
 
 def episode_vars(recipe: Recipe, exe: Path, sandbox: Sandbox, task: Task, eid: str, s: Settings,
                  exe_view: str | None = None) -> dict[str, str]:
-    proxy = s.proxy.rstrip("/")
+    proxy = s.proxy_for(eid).rstrip("/")
     base_url = f"{proxy}/polar/{eid}" if recipe.episode_via == "path" else proxy
     return {
         "bin": exe_view or str(exe), "prefix": str(exe.parent), "home": sandbox.home, "workspace": sandbox.workspace,

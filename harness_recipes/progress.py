@@ -1,4 +1,5 @@
-"""The live progress view (rich): episodes per phase, statuses, rewards so far, throughput."""
+"""The live progress views (rich): episodes per phase, statuses, rewards so far, throughput; for
+`run` (one pipeline) and for `fleet` (per node)."""
 from __future__ import annotations
 
 import sys
@@ -63,3 +64,44 @@ class Progress:
             r = j.record
             self.console.print(f"[rollout] {r['episode_id']}: {r['status']} reward={r['reward']} "
                                f"calls={r.get('n_calls', '?')} changed={r.get('changed_files', [])}")
+
+
+class FleetView:
+    """Per-node phase counts and the fleet's episodes/s: a rich Live table on a terminal, else a
+    plain line every few seconds (--no-progress, CI logs)."""
+
+    def __init__(self, enabled: bool = True, every_s: float = 5.0):
+        self.console = Console(stderr=True)
+        self.live_mode = enabled and sys.stderr.isatty()
+        self.live = None
+        self.every, self._last = every_s, 0.0
+
+    def __enter__(self):
+        if self.live_mode:
+            self.live = Live(console=self.console, refresh_per_second=2)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def update(self, stats: list[dict], queue: dict, wall: float) -> None:
+        done = sum(s.get("finished", 0) for s in stats)
+        rate = done / max(wall, 1e-9)
+        if self.live is not None:
+            t = Table(title=f"polar-rollout fleet: {done} episodes, {rate:.2f}/s; groups {queue['groups']}")
+            t.add_column("node")
+            for ph in PHASES:
+                t.add_column(ph, justify="right")
+            t.add_column("state")
+            for s in stats:
+                ph = s.get("phases", {})
+                t.add_row(s["node"], *(str(ph.get(p, "")) for p in PHASES), s.get("note") or s.get("error", "")[:40])
+            self.live.update(t)
+            return
+        if time.monotonic() - self._last >= self.every:
+            self._last = time.monotonic()
+            nodes = "; ".join(f"{s['node']}: {s.get('finished', 0)} done, "
+                              f"{s.get('phases', {}).get('run', 0)} running ({s.get('note') or 'lost'})" for s in stats)
+            self.console.print(f"[fleet] {done} episodes, {rate:.2f}/s, groups {queue['groups']} | {nodes}")

@@ -2,6 +2,8 @@
 
     polar-rollout run --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
         --proxy http://127.0.0.1:8080 --logdir LOGDIR --out OUT [--runtime local|docker]
+    polar-rollout fleet --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
+        --server http://inference:8000 --store file:///shared/run --ray-address auto   # fleet.py
     polar-rollout recipes          # the bundled recipes (--recipe NAME), or --recipe PATH.toml
     polar-rollout install NAME     # install a recipe's CLI into the harness cache
 """
@@ -88,6 +90,112 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
     except RuntimeError as e:  # e.g. dockerd not reachable, bubblewrap asked for but unusable
         raise click.ClickException(str(e)) from None
     sys.exit(code)
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False),
+              help="an experiment file (harness_recipes/experiments/*.toml) instead of the options below")
+@click.option("--dry-run", is_flag=True, help="with --config: check it here and print the plan; start nothing")
+@click.option("--recipe", help="recipe file or bundled name (the same on every node)")
+@click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
+@click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
+@click.option("--repos", type=click.Path(file_okay=False), help="with --swebench: directory of local clones owner__name")
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
+@click.option("--server", help="the inference server every node's proxies forward to")
+@click.option("--store", help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
+                                             "rollout records, shards")
+@click.option("--ray-address", default=None, help="Ray cluster to join: auto | HOST:PORT")
+@click.option("--local", "local_nodes", type=click.IntRange(1), default=None,
+              help="start N Ray nodes on this machine instead (a try-out)")
+@click.option("--proxies-per-node", type=click.IntRange(1), default=None,
+              help="capture proxies on each node [default: one per core]")
+@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(1),
+              help="attempts of a group whose node dies before it is given up")
+@click.option("--node-dir", default="", help="working directory on each node [default: $TMPDIR/polar-fleet]")
+@click.option("--resume", is_flag=True, help="continue the run the store holds: skip finished episodes, retry the rest")
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
+              help="local runtime: bubblewrap sandbox")
+@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once per node")
+@click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
+@click.option("--api-key-env", default=None, metavar="VAR",
+              help="environment variable holding the API key the harness sends (never given on the command line)")
+@click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server, store, ray_address, local_nodes,
+          proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
+          eval_concurrency, model, api_key_env, no_progress, resume) -> None:
+    """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
+    and pipeline, all feeding one store."""
+    from .fleet import Cluster, NodeConfig, run_fleet
+    from .fleet_queue import plan_groups
+    from .progress import FleetView
+    from .store import Store, StoreError
+
+    if config or dry_run:
+        _experiment(config, dry_run)
+        return
+    if not (recipe and server and store):
+        raise click.UsageError("give --recipe, --server and --store (or --config FILE)")
+    if (ray_address is None) == (local_nodes is None):
+        raise click.UsageError("give exactly one of --ray-address (auto | HOST:PORT) and --local N")
+    try:
+        load_recipe(recipe)
+        tasks = _tasks(tasks_path, swebench, repos)
+        records = Store(store).records()
+    except (RecipeError, TaskError, StoreError) as e:
+        raise click.UsageError(str(e)) from None
+    if records and not resume:
+        raise click.UsageError(f"--store {store} already holds {len(records)} rollout records: pass --resume to "
+                               "continue that run (finished episodes are skipped), or give a new --store")
+    groups, skipped = plan_groups(tasks, samples, records)
+    if skipped:
+        click.echo(f"polar-fleet: {skipped} episodes finished before, skipped", err=True)
+    if not groups:
+        click.echo("polar-fleet: nothing left to run")
+        return
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise click.ClickException("polar-rollout fleet needs Ray: pip install 'polar[fleet]'") from None
+    opts = {"isolation": isolation} if runtime == "local" else {"network": docker_network}
+    cfg = NodeConfig(recipe=recipe, server=server, store=store, model=model, api_key=api_key,
+                     proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
+                     limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
+    view = FleetView(enabled=not no_progress)
+    with Cluster(address=ray_address, local=local_nodes), view:
+        res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+    click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
+               f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; store {store}")
+    if res.shards.get("built"):
+        click.echo(f"polar-fleet: shards in {res.shards['path']} ({len(res.shards['files'])} files)")
+    else:
+        click.echo(f"polar-fleet: shards not built: {res.shards.get('why')}", err=True)
+    for name, why in res.lost.items():
+        click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
+    sys.exit(0 if res.queue["finished"] and not res.queue["groups"].get("given up") else 3)
+
+
+def _experiment(config, dry_run) -> None:
+    from .experiment import ExperimentError, load_experiment, plan
+    if not config:
+        raise click.UsageError("--dry-run needs --config FILE")
+    if not dry_run:
+        raise click.UsageError("--config runs only with --dry-run for now: the plan prints one `fleet` command per "
+                               "harness and the trainer's command, to run on the cluster")
+    try:
+        exp = load_experiment(config)
+    except ExperimentError as e:
+        raise click.UsageError(str(e)) from None
+    for line in plan(exp):
+        click.echo(line)
 
 
 def _tasks(tasks_path, swebench, repos):

@@ -98,6 +98,13 @@ class Pipeline:
         self.stats.phase_counts["queued"] = len(jobs)
         return jobs
 
+    def start(self, job: Job) -> asyncio.Task:
+        """Run one more job while the pipeline runs (a fleet node pulls its jobs from a shared
+        queue instead of planning them all up front); the task ends once the job is recorded."""
+        self.jobs.append(job)
+        self.stats.phase_counts["queued"] += 1
+        return asyncio.create_task(self._episode(job), name=job.eid)
+
     async def run(self) -> list[dict]:
         tasks = [asyncio.create_task(self._episode(job), name=job.eid) for job in self.jobs]
         try:
@@ -189,7 +196,7 @@ class Pipeline:
         rec.update(reward=reward, eval_rc=res.rc if res else None)
         if err:
             rec.update(status=ep.EVAL_ERROR, error=err)
-        end_err = await ep.post_end(self.settings.proxy, job.eid, reward, self._metadata(job))
+        end_err = await ep.post_end(self.settings.proxy_for(job.eid), job.eid, reward, self._metadata(job))
         if end_err:
             # Without the end row the episode never counts as finished for reconstruction.
             raise RuntimeError(end_err)
@@ -204,7 +211,7 @@ class Pipeline:
         if job.phase in ("queued", "prewarm"):
             return  # the harness never ran: there is no capture log to close
         with contextlib.suppress(BaseException):
-            await asyncio.shield(ep.post_end(self.settings.proxy, job.eid, 0.0, self._metadata(job), timeout=3.0))
+            await asyncio.shield(ep.post_end(self.settings.proxy_for(job.eid), job.eid, 0.0, self._metadata(job), timeout=3.0))
 
     async def _handoff(self, job: Job) -> None:
         """Check the capture log is complete before it is counted as ready for reconstruction."""

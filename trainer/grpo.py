@@ -153,7 +153,9 @@ class PolarGRPOConfig(GRPOConfig):
     sync_mode: str = field(default="polar", metadata={
         "help": "'proxy': full weights + POST /polar/@weights to the capture proxy (sync_server = the proxy's URL; "
         "it holds calls and has vLLM, SGLang or polar-serve load them); 'polar': full weights + POST "
-        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter."})
+        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter; 'fleet': full weights "
+        "through a running polar-rollout fleet's coordinator (sync_server = the Ray address, auto | HOST:PORT): "
+        "every proxy of every node holds while the server loads them once."})
     sync_dir: str | None = field(default=None, metadata={
         "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
     sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
@@ -179,8 +181,8 @@ class PolarGRPOConfig(GRPOConfig):
             raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
         if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
             raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "proxy", "vllm_lora"):  # (trainer/weight_sync.py)
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora')")
+        if self.sync_mode not in ("polar", "proxy", "vllm_lora", "fleet"):  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora', 'fleet')")
         self._check_save_alignment()
 
     def _check_save_alignment(self) -> None:

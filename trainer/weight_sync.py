@@ -89,8 +89,50 @@ def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None) -> 
     return d
 
 
-MODES = ("polar", "proxy", "vllm_lora")
+MODES = ("polar", "proxy", "vllm_lora", "fleet")
 PROXY_SYNC_PATH = "/polar/@weights"  # addon/weight_hold.py (the trainer does not import the addon)
+# harness_recipes/fleet.py's named coordinator (imports run one way: the names, not the module)
+FLEET_WEIGHTS_ACTOR, FLEET_NAMESPACE = "polar-fleet-weights", "polar"
+
+
+def _fleet_coordinator(address: str):
+    """The running fleet's weight-sync actor; this process joins the Ray cluster at ``address``
+    (auto | HOST:PORT) if it has not."""
+    try:
+        import ray
+    except ImportError:
+        raise WeightSyncError("sync_mode=fleet needs Ray in the trainer's environment (pip install 'polar[fleet]')") \
+            from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise WeightSyncError(f"sync_mode=fleet: cannot join the Ray cluster at sync_server={address!r}: {exc}") \
+                from None
+    try:
+        return ray, ray.get_actor(FLEET_WEIGHTS_ACTOR, namespace=FLEET_NAMESPACE)
+    except ValueError:
+        raise WeightSyncError(f"no polar-rollout fleet is running on the Ray cluster {address!r} (no actor "
+                              f"{FLEET_WEIGHTS_ACTOR!r} in namespace {FLEET_NAMESPACE!r})") from None
+
+
+def fleet_sync(address: str, path: str, version: str, timeout: float = 900.0) -> dict:
+    """Have every proxy of every node of the fleet hold while the server loads ``path`` as
+    ``version`` once (harness_recipes/proxies.py coordinate). Returns the coordinator's answer;
+    WeightSyncError when the sync failed."""
+    ray, coord = _fleet_coordinator(address)
+    ans = ray.get(coord.sync.remote(path, version), timeout=timeout)
+    if ans["status"] != 200:
+        raise WeightSyncError(f"the fleet's weight sync to {version!r} failed (HTTP {ans['status']}): {ans['error']}; "
+                              f"the proxies serve {ans['weight_version']!r}")
+    return ans
+
+
+def fleet_version(address: str, timeout: float = 60.0) -> str | None:
+    """The version every proxy of the fleet serves (None: they disagree or there are none)."""
+    ray, coord = _fleet_coordinator(address)
+    versions = {i.get("weight_version") for i in ray.get(coord.info.remote(), timeout=timeout)}
+    return versions.pop() if len(versions) == 1 else None
 
 
 def save_policy(model, tokenizer, out: Path) -> Path:
@@ -113,7 +155,7 @@ class WeightSyncCallback(TrainerCallback):
             raise ValueError(f"weight sync mode {mode!r} not in {MODES}")
         if every_steps < 1 or keep < 1:
             raise ValueError("every_steps and keep must be >= 1")
-        self.server = server.rstrip("/")
+        self.server = server.rstrip("/") if mode != "fleet" else server
         self.every = every_steps
         self.save_dir = Path(save_dir)
         self.mode = mode
@@ -136,6 +178,12 @@ class WeightSyncCallback(TrainerCallback):
         """The version the server serves before the first sync (None: it could not be read)."""
         if self.mode == "vllm_lora":
             return "0"  # (vLLM names no adapter versions: the callback counts syncs from 0)
+        if self.mode == "fleet":
+            try:
+                return fleet_version(self.server, self.timeout)
+            except Exception as exc:  # noqa: BLE001 - as below
+                log.warning("could not read the fleet's weight version: %s", exc)
+                return None
         url = self.server + (PROXY_SYNC_PATH if self.mode == "proxy" else "/polar/weight_version")
         try:
             v = get_json(url, timeout=self.timeout, api_key=self.api_key).get("weight_version")
@@ -160,7 +208,7 @@ class WeightSyncCallback(TrainerCallback):
         is_peft = hasattr(model, "peft_config")
         if self.mode == "vllm_lora" and not is_peft:
             raise WeightSyncError("sync_mode=vllm_lora needs a PEFT (LoRA) model; this one is a full model")
-        if self.mode in ("polar", "proxy") and is_peft:  # servers load plain HF directories here
+        if self.mode in ("polar", "proxy", "fleet") and is_peft:  # servers load plain HF directories here
             raise WeightSyncError(f"sync_mode={self.mode} with a PEFT model: merge the adapter first or use vllm_lora")
         out = save_policy(model, tokenizer, self.save_dir / f"step-{step:06d}")
         if self.mode == "proxy":
@@ -170,6 +218,11 @@ class WeightSyncCallback(TrainerCallback):
             version = parse_reload_response(body, PROXY_SYNC_PATH)
             if version != want:
                 raise WeightSyncError(f"the proxy answered weight_version {version!r}, not {want!r}")
+        elif self.mode == "fleet":  # server: the Ray cluster's address (auto | HOST:PORT)
+            want = out.name
+            version = fleet_sync(self.server, str(out), want, timeout=self.timeout)["weight_version"]
+            if version != want:
+                raise WeightSyncError(f"the fleet answered weight_version {version!r}, not {want!r}")
         elif self.mode == "polar":
             _, body = post_json(f"{self.server}/polar/reload", {"model": str(out)}, timeout=self.timeout,
                                 api_key=self.api_key)

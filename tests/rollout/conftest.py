@@ -51,8 +51,9 @@ def end_server():
     s.close()
 
 
-def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake") -> Path:
-    """A recipe whose harness is fake_harness.py run by this Python; argv follows the script path."""
+def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake", via: str = "header") -> Path:
+    """A recipe whose harness is fake_harness.py run by this Python; argv follows the script path.
+    ``via``: how the harness names its episode to the proxy (path: FAKE_BASE is /polar/<id>)."""
     args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
     text = f'''
 name = "{name}"
@@ -62,11 +63,12 @@ quiet = []
 kind = "none"
 bin = "{sys.executable}"
 [episode]
-via = "header"
+via = "{via}"
 [env]
 HOME = "${{home}}"
 FAKE_EPISODE = "${{episode}}"
 FAKE_BASE = "${{base_url}}"
+FAKE_MODEL = "${{model}}"
 [[files]]
 path = "${{home}}/.fake/config.json"
 content = '{{"episode": "${{episode}}", "header": "${{episode_header}}"}}'
