@@ -277,7 +277,8 @@ class Cluster:
             self.cluster.wait_for_nodes()
             ray.init(address=self.cluster.address, log_to_driver=False)
         else:
-            ray.init(address=self.address, log_to_driver=False)
+            from trainer.ray_join import join
+            join(self.address)  # RayJoinError in seconds when nothing answers there
         return self
 
     def __exit__(self, *exc):
