@@ -3,8 +3,9 @@
     driver (polar-rollout fleet)             Ray node 1 .. N
       TaskQueue actor (fleet_queue.py)  <--  RolloutNode actor: K capture proxies (proxies.py) in front
       WeightsCoordinator actor               of --server, the pipelined phases of `run` (scheduler.py),
-      Recon: polar-recon watch over the      each finished episode's log + record -> the store
+      recon: polar-recon watch over the      each finished episode's log + record -> the store
         store's logs -> <store>/shards       (store.py)
+        (fleet_recon.py)
       live view of every node
 
 Placement is Ray's: one RolloutNode per alive node, pinned with a hard NodeAffinitySchedulingStrategy
@@ -22,26 +23,21 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow.fs as pafs
-
 from . import episode as ep
 from .fleet_queue import Group, WorkQueue
+from .fleet_recon import make_recon
 from .install import ensure_installed
-from .procs import stop
 from .proxies import DEFAULT_LEASE_S, SyncResult, coordinate, hold_proxies, lead_sync, proxy_pool, release_proxies
 from .recipe import load_recipe
 from .records import Records
 from .runtimes import make_runtime
 from .scheduler import PHASES, Job, Limits, Pipeline
-from .store import LOGS, RECORDS, SHARDS, STAGING, Store
+from .store import LOGS, RECORDS, STAGING, Store
 
 POLL_S = 0.2  # how often an idle node asks the queue again
 
@@ -364,7 +360,7 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
 
     t0 = time.monotonic()
     store = Store(cfg.store)  # fail here, not on every node, for a bad URI
-    recon = Recon(store, cfg.samples)
+    recon = make_recon(store, cfg.samples)  # fleet_recon.py: in place on a shared filesystem, else mirrored
     recon.start()
     try:
         # the queue and the coordinator live on the driver's node: they must not die with a rollout node
@@ -407,8 +403,7 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
                     stats = []
                 on_stats(stats + [results[n] for n in results], ray.get(queue.status.remote()), time.monotonic() - t0)
     except BaseException:
-        if recon.proc is not None:
-            stop(recon.proc, signal.SIGINT, grace=30)
+        recon.abort()
         raise
     status = ray.get(queue.status.remote())
     ray.kill(weights)
@@ -418,41 +413,3 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
                                           "episodes": res.episodes, "shards": shards,
                                           "config": asdict(cfg) | {"api_key": None}})
     return res
-
-
-class Recon:
-    """One reconstruction for the whole fleet, next to the store: ``polar-recon watch`` over the
-    store's logs while the fleet runs (whole GRPO groups, shards landing as they complete, one
-    manifest: an episode reaches a shard once, whichever node ran it, a dead node's published ones
-    too), then one last ``build`` for what is left (a group given up after a dead node). The
-    trainer reads ``<store>/shards`` (``--shards``) as they land.
-
-    Needs the store's logs on a path this machine can read: a file:// store (a shared filesystem).
-    For other stores the fleet says so and leaves ``polar-recon build`` to a machine that mounts it."""
-
-    def __init__(self, store: Store, group_size: int):
-        self.store, self.group_size = store, group_size
-        self.local = isinstance(store.fs, pafs.LocalFileSystem)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        if not self.local:
-            return
-        logs, shards = self.store.path(LOGS), self.store.path(SHARDS)
-        for d in (logs, shards):
-            self.store.fs.create_dir(d, recursive=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", logs, shards,
-                                      "--group-size", str(self.group_size), "--poll", "1"])
-
-    def finish(self) -> dict:
-        if not self.local:
-            return {"built": False, "why": f"the store {self.store.uri} is not a local or shared filesystem here: "
-                                          f"run polar-recon build on a machine that mounts its logs/"}
-        stop(self.proc, signal.SIGINT, grace=60)  # watch finishes the shard it is writing and exits 0
-        logs, shards = self.store.path(LOGS), self.store.path(SHARDS)
-        proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", logs, shards],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"polar-recon build {logs} {shards} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return {"built": True, "watch_rc": self.proc.returncode, "path": shards,
-                "files": [n for n in self.store.list(SHARDS) if n.endswith(".parquet")]}
