@@ -1,7 +1,8 @@
 """An experiment as one TOML file (harness_recipes/experiments/*.toml): the served model and its
 server, the harnesses and tasks, the fleet's shape, the trainer. `polar-rollout fleet --config FILE
 --dry-run` checks everything that can be checked on this machine and prints the plan; nothing is
-started and nothing is written.
+started and nothing is written. Without ``--dry-run`` it runs the plan's fleets (``fleet_runs``):
+one per harness, one after the other, on the file's Ray cluster (or ``--local N`` here).
 
 What is checked here: every key (unknown ones are errors, so a typo never silently falls back to a
 default), the server engine and URL, each harness's recipe, the task file's shape (when the file
@@ -25,8 +26,8 @@ SECTIONS = {
     "experiment": {"name", "description"},
     "model": {"hf_id", "served_name"},
     "server": {"engine", "url", "command"},
-    "rollout": {"harnesses", "tasks", "swebench", "repos", "samples", "runtime", "concurrency", "prewarm",
-                "eval_concurrency"},
+    "rollout": {"harnesses", "tasks", "swebench", "repos", "samples", "runtime", "isolation", "concurrency",
+                "prewarm", "eval_concurrency"},
     "fleet": {"ray_address", "nodes", "proxies_per_node", "cpus_per_sandbox", "store", "max_attempts"},
     "trainer": {"launcher", "launcher_args", "args"},
 }
@@ -115,6 +116,8 @@ def _check_rollout(exp: Experiment, w: str) -> None:
             raise ExperimentError(f"{where}.{key} must be >= 1")
     if _get(r, "runtime", str, where, "local") not in ("local", "docker"):
         raise ExperimentError(f"{where}.runtime must be local or docker, not {r['runtime']!r}")
+    if _get(r, "isolation", str, where, "auto") not in ("auto", "bwrap", "none"):
+        raise ExperimentError(f"{where}.isolation must be auto, bwrap or none, not {r['isolation']!r}")
     if ("tasks" in r) == ("swebench" in r):
         raise ExperimentError(f"{where}: give exactly one of tasks (a tasks JSONL) and swebench (+ repos)")
     base = exp.path.parent
@@ -198,7 +201,7 @@ def plan(exp: Experiment) -> list[str]:
     lines.append(f"fleet: {res['nodes']} nodes x ({r.get('concurrency', 1)} sandboxes + {f.get('proxies_per_node', 1)} "
                  f"proxies): each node needs {res['per_node']}; {res['placement']}")
     for h in r["harnesses"]:
-        store = f"{f['store'].rstrip('/')}/{h}"
+        store = harness_store(exp, h)
         lines.append(f"  polar-rollout fleet --recipe {h} {tasks} --samples {r.get('samples', 1)} "
                      f"--server {s['url']} --model {exp.model['served_name']} --store {store} "
                      f"--ray-address {f['ray_address']} --proxies-per-node {f.get('proxies_per_node', 1)} "
@@ -211,3 +214,35 @@ def plan(exp: Experiment) -> list[str]:
     lines.append(f"trainer: {' '.join(launch)} --shards {f['store'].rstrip('/')}/<harness>/shards {flags}")
     lines += [f"NOT CHECKED HERE: {note}" for note in exp.notes]
     return lines
+
+
+def harness_store(exp: Experiment, harness: str) -> str:
+    """Each harness's own store prefix: <store>/<recipe name> (a recipe given as a path: its name)."""
+    return f"{exp.fleet['store'].rstrip('/')}/{load_recipe(harness).name}"
+
+
+def fleet_runs(exp: Experiment, node_dir: str = "") -> list[dict]:
+    """What ``polar-rollout fleet --config FILE`` runs: one fleet per harness, one after the other on
+    the same cluster, each into its own store prefix ``<store>/<harness>`` (as ``plan`` prints them).
+    Each: ``harness``, ``tasks`` (loaded here: the file must be on this machine), ``node`` (the
+    NodeConfig fields) and ``max_attempts``."""
+    r, f = exp.rollout, exp.fleet
+    base = exp.path.parent
+    try:
+        if "tasks" in r:
+            tasks = load_tasks(_resolve(base, r["tasks"]))
+        else:
+            tasks = load_swebench(_resolve(base, r["swebench"]), _resolve(base, r["repos"]))
+    except (TaskError, FileNotFoundError, OSError) as exc:
+        raise ExperimentError(f"{exp.path} [rollout]: the tasks cannot be loaded on this machine: {exc}") from None
+    runtime = r.get("runtime", "local")
+    opts = {"isolation": r.get("isolation", "auto")} if runtime == "local" else {"network": "host"}
+    out = []
+    for h in r["harnesses"]:
+        node = {"recipe": h, "server": exp.server["url"], "store": harness_store(exp, h),
+                "model": exp.model["served_name"], "proxies": f.get("proxies_per_node", 1), "runtime": runtime,
+                "runtime_opts": opts, "node_dir": node_dir, "samples": r.get("samples", 1),
+                "limits": {"prewarm": r.get("prewarm", 1), "run": r.get("concurrency", 1),
+                           "eval": r.get("eval_concurrency", 1)}}
+        out.append({"harness": h, "tasks": tasks, "node": node, "max_attempts": f.get("max_attempts", 3)})
+    return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -138,7 +139,10 @@ class RolloutNode:
         store = Store(cfg.store)
         recipe = load_recipe(cfg.recipe)
         exe = await asyncio.to_thread(ensure_installed, recipe)
-        base = Path(cfg.node_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "polar-fleet") / self.name
+        # one directory per store on each node: two fleets one after the other (--config's harnesses)
+        # run the same episode ids, and a proxy refuses an id whose log it already holds
+        store_key = hashlib.blake2b(cfg.store.encode(), digest_size=6).hexdigest()
+        base = Path(cfg.node_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "polar-fleet") / self.name / store_key
         logdir, out = base / "logs", base / "out"
         work = out / "rollout" / "work"
         work.mkdir(parents=True, exist_ok=True)

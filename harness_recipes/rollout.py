@@ -95,7 +95,9 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 @main.command()
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="an experiment file (harness_recipes/experiments/*.toml) instead of the options below")
-@click.option("--dry-run", is_flag=True, help="with --config: check it here and print the plan; start nothing")
+@click.option("--dry-run", is_flag=True, help="with --config: check it here and print the plan; start nothing "
+                                              "(without it: run the plan's fleets, one per harness; --local N to try "
+                                              "it on this machine)")
 @click.option("--recipe", help="recipe file or bundled name (the same on every node)")
 @click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
 @click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
@@ -129,13 +131,18 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server,
           eval_concurrency, model, api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
-    from .fleet import Cluster, NodeConfig, run_fleet
-    from .fleet_queue import plan_groups
-    from .progress import FleetView
+    from .fleet import NodeConfig
     from .store import Store, StoreError
 
     if config or dry_run:
-        _experiment(config, dry_run)
+        if dry_run or not config:
+            _experiment(config, dry_run)
+            return
+        given = [f"--{n}" for n, v in (("recipe", recipe), ("tasks", tasks_path), ("swebench", swebench),
+                                       ("server", server), ("store", store), ("ray-address", ray_address)) if v]
+        if given:
+            raise click.UsageError(f"--config FILE says what {', '.join(given)} would: give one or the other")
+        _run_experiment(config, local_nodes, node_dir, resume, no_progress)
         return
     if not (recipe and server and store):
         raise click.UsageError("give --recipe, --server and --store (or --config FILE)")
@@ -144,56 +151,96 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server,
     try:
         load_recipe(recipe)
         tasks = _tasks(tasks_path, swebench, repos)
-        records = Store(store).records()
+        Store(store)
     except (RecipeError, TaskError, StoreError) as e:
         raise click.UsageError(str(e)) from None
-    if records and not resume:
-        raise click.UsageError(f"--store {store} already holds {len(records)} rollout records: pass --resume to "
-                               "continue that run (finished episodes are skipped), or give a new --store")
-    groups, skipped = plan_groups(tasks, samples, records)
-    if skipped:
-        click.echo(f"polar-fleet: {skipped} episodes finished before, skipped", err=True)
-    if not groups:
-        click.echo("polar-fleet: nothing left to run")
-        return
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise click.ClickException("polar-rollout fleet needs Ray: pip install 'polar[fleet]'") from None
     opts = {"isolation": isolation} if runtime == "local" else {"network": docker_network}
     cfg = NodeConfig(recipe=recipe, server=server, store=store, model=model, api_key=api_key,
                      proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
                      limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
-    view = FleetView(enabled=not no_progress)
-    from trainer.ray_join import RayJoinError
+    ok = _fleets([(cfg, tasks, max_attempts)], ray_address, local_nodes, resume, no_progress)
+    sys.exit(0 if ok else 3)
+
+
+def _fleets(runs, ray_address, local_nodes, resume, no_progress) -> bool:
+    """Run each (NodeConfig, tasks, max_attempts) as one fleet, one after the other, on one Ray
+    connection; their summaries as lines. True when every fleet finished with nothing given up."""
+    from .fleet import Cluster, run_fleet
+    from .fleet_queue import plan_groups
+    from .progress import FleetView
+    from .store import Store, StoreError
+
+    todo = []
+    for cfg, tasks, max_attempts in runs:  # every store checked before anything starts
+        try:
+            records = Store(cfg.store).records()
+        except StoreError as e:
+            raise click.UsageError(str(e)) from None
+        if records and not resume:
+            raise click.UsageError(f"--store {cfg.store} already holds {len(records)} rollout records: pass --resume "
+                                   "to continue that run (finished episodes are skipped), or give a new --store")
+        groups, skipped = plan_groups(tasks, cfg.samples, records)
+        if skipped:
+            click.echo(f"polar-fleet: {skipped} episodes finished before, skipped", err=True)
+        if groups:
+            todo.append((cfg, groups, max_attempts))
+        else:
+            click.echo(f"polar-fleet: nothing left to run for {cfg.recipe} ({cfg.store})")
+    if not todo:
+        return True
     try:
-        with Cluster(address=ray_address, local=local_nodes), view:
-            res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+        import ray  # noqa: F401
+    except ImportError:
+        raise click.ClickException("polar-rollout fleet needs Ray: pip install 'polar[fleet]'") from None
+    from trainer.ray_join import RayJoinError
+    ok = True
+    try:
+        with Cluster(address=ray_address if local_nodes is None else None, local=local_nodes):
+            for cfg, groups, max_attempts in todo:
+                view = FleetView(enabled=not no_progress)
+                with view:
+                    res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+                store = cfg.store
+                click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
+                           f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; "
+                           f"store {store}")
+                if res.shards.get("built"):
+                    click.echo(f"polar-fleet: shards in {res.shards['path']} ({len(res.shards['files'])} files)")
+                else:
+                    click.echo(f"polar-fleet: shards not built: {res.shards.get('why')}", err=True)
+                for name, why in res.lost.items():
+                    click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
+                ok = ok and res.queue["finished"] and not res.queue["groups"].get("given up")
     except RayJoinError as e:  # raised by joining only, before anything runs
         raise click.ClickException(f"--ray-address: {e}") from None
-    click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
-               f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; store {store}")
-    if res.shards.get("built"):
-        click.echo(f"polar-fleet: shards in {res.shards['path']} ({len(res.shards['files'])} files)")
-    else:
-        click.echo(f"polar-fleet: shards not built: {res.shards.get('why')}", err=True)
-    for name, why in res.lost.items():
-        click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
-    sys.exit(0 if res.queue["finished"] and not res.queue["groups"].get("given up") else 3)
+    return ok
+
+
+def _run_experiment(config, local_nodes, node_dir, resume, no_progress) -> None:
+    """``--config FILE`` without ``--dry-run``: the plan's fleets, one per harness (experiment.fleet_runs)."""
+    from .experiment import ExperimentError, fleet_runs, load_experiment
+    from .fleet import NodeConfig
+    try:
+        exp = load_experiment(config)
+        runs = fleet_runs(exp, node_dir)
+    except ExperimentError as e:
+        raise click.UsageError(str(e)) from None
+    for line in exp.notes:
+        click.echo(f"polar-fleet: not checked here: {line}", err=True)
+    ok = _fleets([(NodeConfig(**r["node"]), r["tasks"], r["max_attempts"]) for r in runs],
+                 exp.fleet["ray_address"], local_nodes, resume, no_progress)
+    sys.exit(0 if ok else 3)
 
 
 def _experiment(config, dry_run) -> None:
     from .experiment import ExperimentError, load_experiment, plan
     if not config:
         raise click.UsageError("--dry-run needs --config FILE")
-    if not dry_run:
-        raise click.UsageError("--config runs only with --dry-run for now: the plan prints one `fleet` command per "
-                               "harness and the trainer's command, to run on the cluster")
     try:
         exp = load_experiment(config)
     except ExperimentError as e:

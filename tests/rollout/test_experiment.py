@@ -2,6 +2,8 @@
 the bundled paper config checks and plans; each kind of mistake is an error naming the key."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,8 +30,10 @@ def test_the_paper_config_checks_and_plans_one_fleet_per_harness():
 def test_dry_run_from_the_command_line():
     res = cli("fleet", "--config", str(PAPER), "--dry-run")
     assert res.returncode == 0 and "polar-rollout fleet --recipe pi" in res.stdout, res.stderr
-    res = cli("fleet", "--config", str(PAPER))
-    assert res.returncode == 2 and "--config runs only with --dry-run" in res.stderr
+    res = cli("fleet", "--config", str(PAPER), "--local", "1")  # runs need the tasks here: none are
+    assert res.returncode == 2 and "the tasks cannot be loaded on this machine" in res.stderr, res.stderr
+    res = cli("fleet", "--config", str(PAPER), "--recipe", "pi", "--store", "file:///x")
+    assert res.returncode == 2 and "--config FILE says what --recipe, --store would" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -50,3 +54,47 @@ def test_mistakes_name_the_key(tmp_path, edit, message):
     with pytest.raises(ExperimentError) as ei:
         load_experiment(f)
     assert message in str(ei.value) and str(f) in str(ei.value)
+
+
+def test_config_runs_one_fleet_per_harness_into_its_own_store(tmp_path):
+    """``fleet --config FILE`` (no --dry-run) on a 1-node local Ray cluster: two (fake) harnesses, one
+    after the other, each into <store>/<harness>, a real polar-serve behind the real proxies."""
+    import httpx
+
+    from harness_recipes.store import Store
+    from tests.support.servers import polar_serve, tiny_model_dir
+
+    from .conftest import fake_recipe, write_tasks
+
+    pytest.importorskip("ray", reason="polar-rollout fleet needs Ray (pip install 'polar[fleet]')")
+    harnesses = [fake_recipe(tmp_path, ["chat", "1", "fix", "calc.py", "return a - b", "return a + b"],
+                             name=f"exp{i}", via="path") for i in range(2)]
+    tasks = write_tasks(tmp_path, n=2)
+    with polar_serve(tiny_model_dir(), "vllm") as srv:
+        model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
+        text = PAPER.read_text()
+        for old, new in [('harnesses = ["codex", "claude-code", "qwen-code", "pi"]',
+                          f"harnesses = [{', '.join(repr(str(h)) for h in harnesses)}]"),
+                         ('swebench = "/shared/swebench/verified.jsonl"', f'tasks = "{tasks}"\nisolation = "none"'),
+                         ('repos = "/shared/swebench/repos"', ""), ("samples = 8", "samples = 2"),
+                         ('runtime = "docker"', 'runtime = "local"'), ("concurrency = 32", "concurrency = 2"),
+                         ("prewarm = 16", "prewarm = 1"), ("eval_concurrency = 16", "eval_concurrency = 1"),
+                         ('url = "http://inference-0:30000"', f'url = "{srv.base_url}"'),
+                         ('served_name = "polar-model"', f'served_name = "{model}"'),
+                         ("proxies_per_node = 8", "proxies_per_node = 1"),
+                         ('store = "s3://polar-runs/swebench-qwen3.5-4b"', f'store = "file://{tmp_path}/store"')]:
+            assert old in text, old
+            text = text.replace(old, new, 1)
+        exp = tmp_path / "exp.toml"
+        exp.write_text(text)
+        res = subprocess.run([sys.executable, "-m", "harness_recipes.rollout", "fleet", "--config", str(exp), "--local",
+                              "1", "--no-progress", "--node-dir", str(tmp_path / "n")],
+                             cwd=PAPER.parents[2], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("4 episodes on 1 nodes") == 2, res.stdout
+    for i in range(2):
+        store = Store(f"file://{tmp_path}/store/exp{i}")
+        recs = store.records()
+        assert sorted(r["episode_id"] for r in recs) == ["add0.s0", "add0.s1", "add1.s0", "add1.s1"]
+        assert {r["status"] for r in recs} == {"done"} and {r["reward"] for r in recs} == {1.0}
+        assert len([f for f in store.list("shards") if f.endswith(".parquet")]) >= 1

@@ -118,7 +118,7 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     assert len({h["node"] for h in sync["holds"]}) == 2 and sync["leader"]["status"] == 200
     assert len(info) == 4 and {(i["weight_version"], i["state"]) for i in info} == {("1", "serving")}
     assert served == "1"
-    recs = [json.loads(x) for f in (tmp_path / "nodes").glob("*/logs/weight-syncs.jsonl")
+    recs = [json.loads(x) for f in (tmp_path / "nodes").glob("*/*/logs/weight-syncs.jsonl")
             for x in f.read_text().splitlines()]
     leader = [r for r in recs if "role" not in r]
     assert len(leader) == 1 and leader[0]["outcome"] == "ok" and [s["step"] for s in leader[0]["steps"]] == ["reload"]

@@ -87,7 +87,7 @@ def test_the_trainer_steps_and_syncs_every_node_while_the_fleet_runs(tmp_path):
     assert len({r["node"] for r in recs}) == 2 and shard_episodes(store) == eids
 
     # the trainer's syncs: each held every proxy of both nodes, the server loaded once per step
-    syncs = [json.loads(x) for f in sorted((tmp_path / "nodes").glob("*/logs/weight-syncs.jsonl"))
+    syncs = [json.loads(x) for f in sorted((tmp_path / "nodes").glob("*/*/logs/weight-syncs.jsonl"))
              for x in f.read_text().splitlines()]
     leads = sorted((s for s in syncs if "role" not in s), key=lambda s: s["t_request"])
     assert [(s["weight_version"], s["outcome"]) for s in leads] == [(f"step-{i:06d}", "ok") for i in range(1, STEPS + 1)]
