@@ -27,6 +27,8 @@ from ..tasks import Task
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 
 IMAGE = "polar-rollout-base:2"
+WORKDIR = "/testbed"  # where SWE-bench images hold the repository
+NODE_DIR = "/opt/polar/bin"  # the host's node, mounted for the npm harnesses in instance images
 LABEL = "polar.rollout.run"
 # /sbin is a real directory, not the usr-merge link: docker mounts its init at /sbin/docker-init,
 # which cannot be created inside the read-only /usr.
@@ -74,22 +76,52 @@ def ensure_image(client) -> str:
 
 
 class DockerSandbox(Sandbox):
-    def __init__(self, client, container, root: Path):
+    def __init__(self, client, container, root: Path, workspace: str | None = None, node_dir: str | None = None,
+                 image: str = ""):
         self.client, self.container, self.root = client, container, root
-        self.workspace = str(root / "workspace")
+        self.workspace = workspace or str(root / "workspace")
         self.home = str(root / "home")
+        self.image = image
+        if node_dir:
+            self.node_dir = node_dir  # the scheduler puts it first on the harness's PATH
         self._closed = False
 
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str) -> ExecResult:
+        import docker
         t0 = time.monotonic()
         # coreutils timeout runs the command in its own process group and kills the whole group.
         wrapped = ["timeout", "-k", "3", f"{timeout:.3f}", *argv]
-        res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+        try:
+            res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+        except docker.errors.APIError as e:
+            raise ContainerGone(self._why_gone(e)) from None
+        if res.exit_code is None or res.exit_code == 137 and time.monotonic() - t0 < timeout and self._dead():
+            raise ContainerGone(self._why_gone(None))
         out, err = res.output if res.output else (b"", b"")
         seconds = time.monotonic() - t0
         timed_out = res.exit_code in (124, 137) and seconds >= timeout
         return ExecResult(rc=None if timed_out else res.exit_code, stdout=(out or b"")[:OUTPUT_CAP],
                           stderr=(err or b"")[:OUTPUT_CAP], timed_out=timed_out, seconds=seconds)
+
+    def _dead(self) -> bool:
+        import docker
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return True
+        return self.container.status != "running"
+
+    def _why_gone(self, err) -> str:
+        import docker
+        try:
+            self.container.reload()
+            st = self.container.attrs.get("State", {})
+            state = (f"status {st.get('Status')}, exit code {st.get('ExitCode')}, "
+                     f"OOM-killed {st.get('OOMKilled')}{', error ' + st['Error'] if st.get('Error') else ''}")
+        except docker.errors.NotFound:
+            state = "removed"
+        detail = f" ({type(err).__name__}: {str(err)[:300]})" if err is not None else ""
+        return f"container {self.container.short_id} ({self.image or 'episode'}) died: {state}{detail}"
 
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult:
         if self._closed:
@@ -105,6 +137,10 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
 
+class ContainerGone(RuntimeError):
+    """The episode's container stopped under a command (killed, OOM, removed): an infrastructure failure."""
+
+
 def _remove(container) -> None:
     import docker
     try:
@@ -117,7 +153,7 @@ class DockerRuntime(Runtime):
     name = "docker"
 
     def __init__(self, network: str = "host", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
-                 workdir: str | None = None):
+                 workdir: str | None = None, log=None):
         if network not in ("host", "none"):
             raise ValueError(f"docker network must be host or none (no bridges here), not {network!r}")
         self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
@@ -125,6 +161,8 @@ class DockerRuntime(Runtime):
         self.client = _client()
         self.image = ensure_image(self.client)
         self.run_label = uuid.uuid4().hex[:12]
+        self.images: dict[str, tuple[str, str]] = {}  # instance id -> (image, how it was found)
+        self.log = log or (lambda m: None)
 
     def _volumes(self, root: Path) -> dict:
         cache = harness_cache().resolve()
@@ -145,6 +183,8 @@ class DockerRuntime(Runtime):
         )
 
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        if task.swebench is not None:
+            return await self._prepare_instance(task, episode_id)
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         container = None
         try:
@@ -157,6 +197,47 @@ class DockerRuntime(Runtime):
             shutil.rmtree(root, ignore_errors=True)
             raise
         return DockerSandbox(self.client, container, root)
+
+    # ---- SWE-bench instances: the instance's own image, the repository at /testbed in it ----------
+
+    def _instance_volumes(self, root: Path) -> dict:
+        cache = harness_cache().resolve()
+        vols = {str(cache): {"bind": str(cache), "mode": "ro"}, str(root): {"bind": str(root), "mode": "rw"}}
+        node = shutil.which("node")
+        if node:
+            # The npm harnesses' launcher: the host's node binary (it needs only libc and libstdc++,
+            # which any Debian-based image has), read-only, at a path of its own.
+            vols[str(Path(node).resolve())] = {"bind": f"{NODE_DIR}/node", "mode": "ro"}
+        return vols
+
+    def _start_instance(self, image: str, root: Path, eid: str):
+        return self.client.containers.run(
+            image, ["sleep", "infinity"], detach=True, network_mode=self.network,
+            mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
+            volumes=self._instance_volumes(root), working_dir=WORKDIR, init=True,
+            labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
+            environment={"HOME": str(root / "home")},
+        )
+
+    async def _prepare_instance(self, task: Task, episode_id: str) -> Sandbox:
+        from .images import ImageError, instance_image
+        inst = task.swebench
+        root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
+        try:
+            (root / "home").mkdir()
+            try:
+                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log)
+            except ImageError:
+                raise
+            except Exception as e:  # docker API errors while building or importing
+                raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
+            self.images[inst["instance_id"]] = (image, how)
+            container = await asyncio.to_thread(self._start_instance, image, root, episode_id)
+        except BaseException:
+            await asyncio.to_thread(self._remove_episode, episode_id)
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
 
     def _remove_episode(self, eid: str) -> None:
         for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}={self.run_label}",
