@@ -97,6 +97,7 @@ def build_repo(inst: dict, base: Path, dest: Path) -> tuple[str, str]:
 
 def ensure_repo(inst: dict, base: Path) -> Path:
     """The instance's repository (built once into the cache); its commits checked against the instance."""
+    _source(inst, base)  # the recorded sdist and bug patch, checked even when the build is cached
     root = polar_cache() / "swebench" / "repos"
     dest = root / inst["instance_id"]
     if (dest / ".git").is_dir():
