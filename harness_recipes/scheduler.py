@@ -223,7 +223,8 @@ class Pipeline:
         if r.get("error"):
             meta["reason"] = r["error"][:500]
         if "swebench" in r:
-            meta["swebench"] = {"instance_id": job.task.swebench["instance_id"], **r["swebench"]}
+            # "eval": what the evaluation found beyond the reward; polar-recon copies it into the shards.
+            meta["eval"] = {"kind": "swebench", "instance_id": job.task.swebench["instance_id"], **r["swebench"]}
         return meta
 
     async def _end_quietly(self, job: Job) -> None:

@@ -99,7 +99,8 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
     assert sorted(ok["swebench"]["tests"]["FAIL_TO_PASS"]["success"]) == sorted(t.swebench["FAIL_TO_PASS"])
     end = end_server.ends[ok["episode_id"]]
     assert end["reward"] == 1.0 and end["metadata"]["discard"] is False
-    assert end["metadata"]["swebench"]["resolved"] is True and end["metadata"]["swebench"]["instance_id"] == INFLECTION
+    assert end["metadata"]["eval"]["resolved"] is True and end["metadata"]["eval"]["instance_id"] == INFLECTION
+    assert end["metadata"]["eval"]["kind"] == "swebench"
     # the official log and report, kept with the episode
     edir = records.episode_dir(ok["episode_id"])
     assert (edir / "report.json").is_file() and ">>>>> End Test Output" in (edir / "test_output.txt").read_text()

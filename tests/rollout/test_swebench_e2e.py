@@ -65,7 +65,7 @@ def test_codex_solves_a_swebench_instance_in_its_image(docker_ok, tmp_path):
     from polar_recon.logreader import read_episode
     log = read_episode(logdir / f"{rec['episode_id']}.arrow")
     assert log.finished and log.reward == 1.0 and log.metadata["discard"] is False
-    assert log.metadata["swebench"]["resolved"] is True and log.metadata["swebench"]["instance_id"] == INSTANCE
+    assert log.metadata["eval"]["resolved"] is True and log.metadata["eval"]["instance_id"] == INSTANCE
     calls = log.calls.filter(~log.calls["auxiliary"].fill_null(False))
     assert calls.height >= 3, f"expected fix, test and final-answer calls, got {calls.height}"
     for row in calls.iter_rows(named=True):
@@ -74,3 +74,8 @@ def test_codex_solves_a_swebench_instance_in_its_image(docker_ok, tmp_path):
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
     assert df.height >= 1 and (df["reward"] == 1.0).all()
+    # the per-test results reach the shards: the "eval" column, swebench's lists as graded
+    for row in df.iter_rows(named=True):
+        ev = json.loads(row["eval"])
+        assert ev["kind"] == "swebench" and ev["resolved"] is True
+        assert sorted(ev["tests"]["FAIL_TO_PASS"]["success"]) == sorted(f2p)
