@@ -6,6 +6,12 @@ the container runs the host's node, python and git without copying gigabytes int
 harness install cache is mounted read-only at the same path, the episode directory (workspace +
 home) read-write at the same path, so recipe templates render identically under both runtimes.
 
+SWE-bench tasks (task.swebench) run in their instance's image instead (images.py: the official
+image when docker has it, else one built from a debootstrap'ed Debian base), the repository at
+/testbed; only the harness cache, the episode directory and the host's node binary are mounted.
+A container that stops under a command (killed, OOM) raises ContainerGone with docker's account
+of why: the episode ends as an infrastructure error, not as the harness's failure.
+
 Network: `host` (the harness must reach the proxy on 127.0.0.1) or `none`; never a bridge (this
 machine forbids private-range traffic, and dockerd runs with --bridge=none). Limits: memory, CPUs,
 pids. Cleanup: every container carries a per-run label; close() removes it (force), and
