@@ -131,3 +131,18 @@ def test_cli_refuses_filters_without_swebench_and_local_runtime(tmp_path):
     assert res.exit_code == 2 and "add --runtime docker" in res.output
     res = CliRunner().invoke(main, ["run", "--tasks", f"swebench:{MINI}", "--instances", "x,y", *common])
     assert res.exit_code == 2 and "not in" in res.output and "x, y" in res.output
+
+
+def test_experiment_file_takes_swebench_tasks(tmp_path):
+    from harness_recipes.experiment import load_experiment, plan
+    paper = ROOT / "harness_recipes" / "experiments" / "polar-swebench-qwen3.5-4b.toml"
+    text = paper.read_text()
+    old = 'swebench = "/shared/swebench/verified.jsonl"  # princeton-nlp/SWE-bench_Verified as JSONL\n'
+    assert old in text
+    text = text.replace(old, f'tasks = "swebench:{MINI}"\n').replace('repos = "/shared/swebench/repos"', "")
+    f = tmp_path / "exp.toml"
+    f.write_text(text)
+    exp = load_experiment(f)
+    assert exp.rollout["_n_tasks"] == 3
+    assert any(f"--tasks swebench:{MINI}" in line and "3 x 8 samples" not in line for line in plan(exp))
+    assert any(line.startswith("tasks: 3 x 8 samples") for line in plan(exp))
