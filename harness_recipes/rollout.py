@@ -75,8 +75,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
         tasks = _tasks(tasks_path, swebench, repos, instances, limit)
     except (RecipeError, TaskError) as e:
         raise click.UsageError(str(e)) from None
-    if runtime != "docker" and any(t.swebench is not None for t in tasks):
-        raise click.UsageError("SWE-bench instances run in their images: add --runtime docker")
+    _check_runtime(tasks, runtime)
     settings = ep.Settings(proxy=proxy, model=model)
     if api_key_env:
         if not os.environ.get(api_key_env):
@@ -160,6 +159,7 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit
         records = Store(store).records()
     except (RecipeError, TaskError, StoreError) as e:
         raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
     if records and not resume:
         raise click.UsageError(f"--store {store} already holds {len(records)} rollout records: pass --resume to "
                                "continue that run (finished episodes are skipped), or give a new --store")
@@ -209,6 +209,11 @@ def _experiment(config, dry_run) -> None:
         raise click.UsageError(str(e)) from None
     for line in plan(exp):
         click.echo(line)
+
+
+def _check_runtime(tasks, runtime: str) -> None:
+    if runtime != "docker" and any(t.swebench is not None for t in tasks):
+        raise click.UsageError("SWE-bench instances run in their images: add --runtime docker")
 
 
 def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
