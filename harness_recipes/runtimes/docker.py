@@ -35,6 +35,7 @@ from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 IMAGE = "polar-rollout-base:2"
 WORKDIR = "/testbed"  # where SWE-bench images hold the repository
 NODE_DIR = "/opt/polar/bin"  # the host's node, mounted for the npm harnesses in instance images
+NODE_HOME = "/opt/polar/node"  # ... and, when it needs them, its libraries (node_mounts)
 LABEL = "polar.rollout.run"
 # /sbin is a real directory, not the usr-merge link: docker mounts its init at /sbin/docker-init,
 # which cannot be created inside the read-only /usr.
@@ -143,6 +144,46 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
 
+# Libraries every glibc Linux image has: the host's node may rely on the image's own copies.
+BASE_LIBS = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
+             "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
+
+
+def extra_libs(ldd_output: str) -> dict[str, str]:
+    """name -> host path of each shared library in `ldd` output that is not in BASE_LIBS."""
+    out = {}
+    for line in ldd_output.splitlines():
+        name, _, rest = line.strip().partition(" => ")
+        path = rest.split(" (")[0].strip()
+        if rest and name not in BASE_LIBS and path.startswith("/"):
+            out[name] = path
+    return out
+
+
+def node_mounts(workdir: str | None) -> dict:
+    """The npm harnesses' launcher in an instance image: the host's node binary, read-only, at
+    NODE_DIR/node. A node that needs libraries beyond glibc and libstdc++ (Debian's own nodejs links
+    libnode, libuv, ICU) gets them mounted beside it and a wrapper that sets LD_LIBRARY_PATH for node
+    (its children inherit it: with a self-contained node, as nodesource's, there is no wrapper)."""
+    import subprocess
+    node = shutil.which("node")
+    if not node:
+        return {}
+    real = str(Path(node).resolve())
+    proc = subprocess.run(["ldd", real], capture_output=True, text=True)
+    libs = extra_libs(proc.stdout) if proc.returncode == 0 else {}
+    if not libs:
+        return {real: {"bind": f"{NODE_DIR}/node", "mode": "ro"}}
+    wrap_dir = Path(tempfile.mkdtemp(prefix="polar-node-", dir=workdir))
+    (wrap_dir / "node").write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={NODE_HOME}/lib exec {NODE_HOME}/node.real "$@"\n')
+    (wrap_dir / "node").chmod(0o755)
+    vols = {real: {"bind": f"{NODE_HOME}/node.real", "mode": "ro"},
+            str(wrap_dir / "node"): {"bind": f"{NODE_DIR}/node", "mode": "ro"}}
+    for name, path in libs.items():
+        vols[str(Path(path).resolve())] = {"bind": f"{NODE_HOME}/lib/{name}", "mode": "ro"}
+    return vols
+
+
 class ContainerGone(RuntimeError):
     """The episode's container stopped under a command (killed, OOM, removed): an infrastructure failure."""
 
@@ -168,6 +209,7 @@ class DockerRuntime(Runtime):
         self.image = ensure_image(self.client)
         self.run_label = uuid.uuid4().hex[:12]
         self.images: dict[str, tuple[str, str]] = {}  # instance id -> (image, how it was found)
+        self._node: dict | None = None  # the host's node, as mounts into instance images
         self.log = log or (lambda m: None)
 
     def _volumes(self, root: Path) -> dict:
@@ -209,12 +251,9 @@ class DockerRuntime(Runtime):
     def _instance_volumes(self, root: Path) -> dict:
         cache = harness_cache().resolve()
         vols = {str(cache): {"bind": str(cache), "mode": "ro"}, str(root): {"bind": str(root), "mode": "rw"}}
-        node = shutil.which("node")
-        if node:
-            # The npm harnesses' launcher: the host's node binary (it needs only libc and libstdc++,
-            # which any Debian-based image has), read-only, at a path of its own.
-            vols[str(Path(node).resolve())] = {"bind": f"{NODE_DIR}/node", "mode": "ro"}
-        return vols
+        if self._node is None:
+            self._node = node_mounts(self.workdir)
+        return {**vols, **self._node}
 
     def _start_instance(self, image: str, root: Path, eid: str):
         return self.client.containers.run(

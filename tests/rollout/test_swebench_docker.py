@@ -152,3 +152,24 @@ def test_a_container_that_dies_ends_its_episode_with_the_reason(tmp_path, monkey
     assert end_server.ends[dead["episode_id"]]["metadata"]["discard"] is True
     # the run went on: the other episode was graded (no fix: unresolved, status done)
     assert recs[t.id]["status"] == "done" and recs[t.id]["swebench"]["resolved"] is False
+
+
+def test_the_official_image_is_used_when_the_local_docker_has_it(docker_runtime_cls):
+    from harness_recipes.runtimes.docker import _client
+    from harness_recipes.runtimes.images import instance_image, official_name
+    t = inflection()
+    client = _client()
+    name = official_name(t.swebench)
+    # swebench's own naming: sweb.eval.<arch>.<instance_id>:latest, lower case
+    assert name == f"sweb.eval.x86_64.{INFLECTION.lower()}:latest"
+    built, how = instance_image(client, t.swebench, t.git_repo)
+    assert how in ("built", "cached") and built.startswith("polar-sweb.eval.")
+    repo, tag = name.split(":")
+    client.images.get(built).tag(repo, tag)  # stands in for an image built by swebench's builder
+    try:
+        assert instance_image(client, t.swebench, t.git_repo) == (name, "official")
+        # a row naming its image (swebench 5 datasets) is taken at its word when docker has it
+        assert instance_image(client, {**t.swebench, "image": built}, None) == (built, "instance")
+    finally:
+        client.images.remove(name)
+    assert instance_image(client, t.swebench, t.git_repo) == (built, "cached")

@@ -146,3 +146,17 @@ def test_experiment_file_takes_swebench_tasks(tmp_path):
     assert exp.rollout["_n_tasks"] == 3
     assert any(f"--tasks swebench:{MINI}" in line and "3 x 8 samples" not in line for line in plan(exp))
     assert any(line.startswith("tasks: 3 x 8 samples") for line in plan(exp))
+
+
+def test_node_libraries_beyond_glibc_are_found_in_ldd_output():
+    from harness_recipes.runtimes.docker import extra_libs
+    static_ish = """\tlinux-vdso.so.1 (0x00007ffd)
+\tlibdl.so.2 => /lib/x86_64-linux-gnu/libdl.so.2 (0x00007f)
+\tlibstdc++.so.6 => /lib/x86_64-linux-gnu/libstdc++.so.6 (0x00007f)
+\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)
+\t/lib64/ld-linux-x86-64.so.2 (0x00007f)"""
+    assert extra_libs(static_ish) == {}
+    debian = static_ish + "\n\tlibnode.so.108 => /lib/x86_64-linux-gnu/libnode.so.108 (0x00007f)\n" \
+                          "\tlibuv.so.1 => /lib/x86_64-linux-gnu/libuv.so.1 (0x00007f)"
+    assert extra_libs(debian) == {"libnode.so.108": "/lib/x86_64-linux-gnu/libnode.so.108",
+                                  "libuv.so.1": "/lib/x86_64-linux-gnu/libuv.so.1"}
