@@ -19,6 +19,7 @@ imported only here and only when a fleet runs (``pip install polar[fleet]``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -40,7 +41,7 @@ from .recipe import load_recipe
 from .records import Records
 from .runtimes import make_runtime
 from .scheduler import PHASES, Job, Limits, Pipeline
-from .store import LOGS, RECORDS, SHARDS, Store
+from .store import LOGS, RECORDS, SHARDS, STAGING, Store
 
 POLL_S = 0.2  # how often an idle node asks the queue again
 
@@ -62,17 +63,43 @@ class NodeConfig:
     samples: int = 1
 
 
-class TaskQueue:
-    """The Ray actor around WorkQueue (one per fleet, on the driver's node)."""
+QUEUE_ACTOR = "polar-fleet-queue"  # (namespace NAMESPACE) the fleet's queue, for tools and tests
 
-    def __init__(self, groups: list[Group], max_attempts: int = 3):
+
+class TaskQueue:
+    """The Ray actor around WorkQueue (one per fleet, on the driver's node), and the one writer of
+    what the fleet publishes: a node stages an episode's log in the store and asks ``publish``; the
+    queue checks the attempt is still current (``WorkQueue.may_publish``) and moves the log into
+    ``logs/`` and writes its record in the same call. The actor runs one call at a time, so a node
+    declared lost (``node_lost``) can never publish after that, whatever it still believes: the
+    check and the publish are one step, not a check the node makes and then acts on."""
+
+    def __init__(self, groups: list[Group], max_attempts: int = 3, store: str | None = None):
         self.q = WorkQueue(groups, max_attempts)
+        self.store = Store(store) if store else None
+        self.refused: list[dict] = []  # the episodes a fenced node tried to publish
 
     def take(self, node: str, n: int) -> list[Group]:
         return self.q.take(node, n)
 
-    def episode_done(self, key: str, sample: int, node: str, attempt: int) -> bool:
-        return self.q.episode_done(key, sample, node, attempt)
+    def publish(self, key: str, sample: int, node: str, attempt: int, eid: str, record: dict,
+                staged: str | None) -> str | None:
+        """Publish one finished episode (``staged``: its log, staged in the store, or None when it
+        has none): None when published, else why not (the staged log is removed)."""
+        why = self.q.may_publish(key, sample, node, attempt)
+        if why is not None:
+            self.refused.append({"episode_id": eid, "node": node, "attempt": attempt, "why": why})
+            if staged:
+                with contextlib.suppress(OSError):
+                    self.store.fs.delete_file(self.store.path(staged))
+            return why
+        if staged:
+            dest = self.store.path(f"{LOGS}/{eid}.arrow")
+            self.store.fs.move(self.store.path(staged), dest)
+            record = {**record, "log": dest}
+        self.store.put_json(f"{RECORDS}/{eid}.json", record)
+        self.q.episode_done(key, sample, node, attempt)
+        return None
 
     def finish(self, key: str, node: str, attempt: int) -> bool:
         return self.q.finish(key, node, attempt)
@@ -81,7 +108,8 @@ class TaskQueue:
         return [g.key for g in self.q.node_lost(node, {tuple(p) for p in published})]
 
     def status(self) -> dict:
-        return {"finished": self.q.finished, "groups": self.q.counts(), "taken": dict(self.q.taken)}
+        return {"finished": self.q.finished, "groups": self.q.counts(), "taken": dict(self.q.taken),
+                "lost": sorted(self.q.lost), "refused": list(self.refused)}
 
 
 class RolloutNode:
@@ -95,6 +123,7 @@ class RolloutNode:
         self.note = "starting"
         self.urls: list[str] = []  # this node's proxies, while it runs
         self.proxy_pids: list[int] = []
+        self.fenced: str | None = None  # why the queue refused this node's episode: it stops
 
     def where(self) -> dict:
         import ray
@@ -106,7 +135,7 @@ class RolloutNode:
         phases = dict(p.stats.phase_counts) if p else {ph: 0 for ph in PHASES}
         return {"node": self.name, "phases": phases, "finished": p.stats.finished if p else 0,
                 "statuses": dict(p.stats.statuses) if p else {}, "published": self.published, "note": self.note,
-                "proxy_pids": list(self.proxy_pids)}
+                "proxy_pids": list(self.proxy_pids), "fenced": self.fenced, "pid": os.getpid()}
 
     async def run(self, queue) -> dict:
         cfg = self.cfg
@@ -121,7 +150,10 @@ class RolloutNode:
         slots = limits.run + limits.prewarm
         where = self.where()
         self.note = "proxies"
-        with proxy_pool(cfg.server, logdir, cfg.proxies, workdir=base / "proxies", sets=cfg.proxy_sets) as pool:
+        # die_with_parent: on a shared host the node's proxies must not outlive this actor's process
+        # (its raylet killed, the actor killed): they would hold ports and write logs nobody publishes
+        with proxy_pool(cfg.server, logdir, cfg.proxies, workdir=base / "proxies", sets=cfg.proxy_sets,
+                        die_with_parent=True) as pool:
             self.urls, self.proxy_pids = pool.urls, [p.pid for p in pool.procs]
             settings = ep.Settings(proxy=pool.urls[0], proxies=tuple(pool.urls), model=cfg.model)
             if cfg.api_key:
@@ -141,6 +173,9 @@ class RolloutNode:
                                 running[pipe.start(job)] = (g, job)
                     if not running:
                         status = await queue.status.remote()
+                        if self.name in status["lost"]:  # declared lost while it had nothing to publish
+                            self.fenced = f"node {self.name} was declared lost"
+                            break
                         if status["finished"]:
                             break
                         await asyncio.sleep(POLL_S)
@@ -148,17 +183,20 @@ class RolloutNode:
                     done, _ = await asyncio.wait(list(running), timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
                     for t in done:
                         g, job = running.pop(t)
-                        await asyncio.to_thread(self._publish, store, logdir, job, where, len(pool.urls))
-                        await queue.episode_done.remote(g.key, job.sample, self.name, g.attempt)
+                        self.fenced = await self._publish(queue, store, logdir, g, job, where, len(pool.urls))
+                        if self.fenced is not None:
+                            break
                         if not any(rg.key == g.key for rg, _ in running.values()):
                             await queue.finish.remote(g.key, self.name, g.attempt)
+                    if self.fenced is not None:  # declared lost: what it runs now runs elsewhere
+                        break
             finally:
                 for t in running:
                     t.cancel()
                 await asyncio.gather(*running, return_exceptions=True)
                 await runtime.shutdown()
                 self.urls = []
-        self.note = "done"
+        self.note = "fenced" if self.fenced else "done"
         return {**where, **self.stats()}
 
     # -- this node's part in a fleet-wide weight sync (WeightsCoordinator) ------------------------
@@ -190,14 +228,21 @@ class RolloutNode:
             out.append({"proxy": u, "node": self.name, "status": status, **json.loads(body)})
         return out
 
-    def _publish(self, store: Store, logdir: Path, job: Job, where: dict, k: int) -> None:
-        """The episode's log (when it has one) and its record, naming this node, into the store."""
+    async def _publish(self, queue, store: Store, logdir: Path, g: Group, job: Job, where: dict,
+                       k: int) -> str | None:
+        """Stage the episode's log (when it has one) in the store, then have the queue publish it
+        with its record, naming this node (TaskQueue.publish). None when published, else why the
+        queue refused (this node was declared lost)."""
         rec = {**job.record, **where, "proxies_on_node": k}
         log = logdir / f"{job.eid}.arrow"
+        staged = None
         if log.exists():
-            rec["log"] = store.put_file(log, f"{LOGS}/{job.eid}.arrow")
-        store.put_json(f"{RECORDS}/{job.eid}.json", rec)
-        self.published += 1
+            staged = f"{STAGING}/{self.name}/{job.eid}.arrow"
+            await asyncio.to_thread(store.put_file, log, staged)
+        why = await queue.publish.remote(g.key, job.sample, self.name, g.attempt, job.eid, rec, staged)
+        if why is None:
+            self.published += 1
+        return why
 
 
 WEIGHTS_ACTOR, NAMESPACE = "polar-fleet-weights", "polar"
@@ -277,7 +322,8 @@ class Cluster:
             self.cluster.wait_for_nodes()
             ray.init(address=self.cluster.address, log_to_driver=False)
         else:
-            ray.init(address=self.address, log_to_driver=False)
+            from trainer.ray_join import join
+            join(self.address)  # RayJoinError in seconds when nothing answers there
         return self
 
     def __exit__(self, *exc):
@@ -321,7 +367,10 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
     recon = Recon(store, cfg.samples)
     recon.start()
     try:
-        queue = ray.remote(TaskQueue).options(num_cpus=0).remote(groups, max_attempts)
+        # the queue and the coordinator live on the driver's node: they must not die with a rollout node
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        queue = ray.remote(TaskQueue).options(num_cpus=0, name=QUEUE_ACTOR, namespace=NAMESPACE,
+                                              scheduling_strategy=here).remote(groups, max_attempts, cfg.store)
         actors, refs = {}, {}
         for node in alive_nodes():
             name = node_name(node)
@@ -332,7 +381,7 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
         if not actors:
             raise RuntimeError("the Ray cluster has no alive node")
         weights = ray.remote(WeightsCoordinator).options(num_cpus=0, name=WEIGHTS_ACTOR, namespace=NAMESPACE,
-                                                         max_concurrency=8).remote(dict(actors))
+                                                         max_concurrency=8, scheduling_strategy=here).remote(dict(actors))
         results: dict[str, dict] = {}
         lost: dict[str, str] = {}
         while refs:
@@ -342,11 +391,14 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
                 weights.forget.remote(name)  # its proxies are gone: later syncs skip it
                 try:
                     results[name] = ray.get(ref)
+                    if results[name].get("fenced"):  # declared lost while alive: it stopped itself
+                        lost[name] = f"fenced: {results[name]['fenced']}"
                 except ray.exceptions.RayError as exc:  # the actor died (its node, its process) or run() raised
                     lost[name] = f"{type(exc).__name__}: {exc}"[:2000]
                     published = [(r["task_id"], int(r["sample"])) for r in store.records() if r.get("node") == name]
                     back = ray.get(queue.node_lost.remote(name, published))
                     results[name] = {"node": name, "error": lost[name], "requeued": back}
+                    ray.kill(actors[name])  # (if its process still runs somewhere; the queue fences it anyway)
             if on_stats is not None:
                 live = [actors[n] for n in refs.values()]
                 try:

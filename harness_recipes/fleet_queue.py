@@ -5,7 +5,10 @@ whole group, so the group's episodes are reconstructed together on that node (it
 complete groups) and a group is never split between two nodes' shards.
 
 Nodes pull (``take``) when they have free slots, so a fast node takes more groups than a slow one
-(work stealing, not a static split). ``node_lost`` puts the groups a dead node was running back
+(work stealing, not a static split). ``node_lost`` fences the node (it takes nothing more and
+``may_publish`` refuses its episodes from then on: a node declared lost may still be alive, a
+zombie behind a partition or a raylet that died under a live worker, and it must not publish an
+attempt that now runs elsewhere) and puts the groups a dead node was running back
 at the front of the queue with the next attempt number, so each retry is a new episode id that
 names the task, the sample and the attempt (``episode.episode_id``); after ``max_attempts`` a
 group is given up and reported, never retried forever.
@@ -50,16 +53,36 @@ class WorkQueue:
         self.queue: deque[str] = deque(keys)
         self.max_attempts = max_attempts
         self.taken: dict[str, int] = {}  # groups each node took
+        self.lost: set[str] = set()  # nodes declared lost: fenced for good
 
     def take(self, node: str, n: int = 1) -> list[Group]:
-        """Up to ``n`` queued groups for ``node``."""
+        """Up to ``n`` queued groups for ``node`` (none for a node declared lost)."""
         out = []
+        if node in self.lost:
+            return out
         while self.queue and len(out) < n:
             g = self.groups[self.queue.popleft()]
             g.state, g.node = RUNNING, node
             self.taken[node] = self.taken.get(node, 0) + 1
             out.append(g)
         return out
+
+    def may_publish(self, key: str, sample: int, node: str, attempt: int) -> str | None:
+        """None when ``node``'s episode (``key``, ``sample``, ``attempt``) is the current one and not yet
+        published, so it may be; else why not (the node was declared lost, the attempt is stale, the
+        sample is done). The fleet's queue actor checks this and publishes in one call (serially
+        with ``node_lost``), so no check-then-publish race lets a fenced node through."""
+        if node in self.lost:
+            return f"node {node} was declared lost: its unpublished episodes were re-queued"
+        g = self.groups.get(key)
+        if g is None:
+            return f"no group {key!r} in the queue"
+        if g.state != RUNNING or g.node != node or g.attempt != attempt:
+            return (f"attempt {attempt} of {key!r} on {node} is stale: the group is {g.state} "
+                    f"(attempt {g.attempt}, node {g.node})")
+        if sample not in g.samples or sample in g.done_samples:
+            return f"sample {sample} of {key!r} is not one to publish (already published or not in the group)"
+        return None
 
     def episode_done(self, key: str, sample: int, node: str, attempt: int) -> bool:
         """``node`` recorded one episode of the group (its log and record are in the store): a
@@ -84,6 +107,7 @@ class WorkQueue:
         max_attempts is given up instead. ``published``: the (task, sample) pairs whose records
         the node put in the store (the store is the truth: the node may have died between putting
         a record and telling the queue); those samples are done, never run twice."""
+        self.lost.add(node)
         back = []
         for g in self.groups.values():
             if g.state != RUNNING or g.node != node:

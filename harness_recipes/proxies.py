@@ -32,6 +32,7 @@ from pathlib import Path
 from addon.weight_hold import HOLD_PATH, RELEASE_PATH, SYNC_PATH, Http, urllib_http
 from polar_recon.weight_versions import unknown
 
+from .die_with_parent import command as with_parent_death
 from .procs import Proc, free_port, running, stop, venv_bin, wait_ready
 from .stack import addon_script
 
@@ -216,11 +217,13 @@ def mitmdump_cmd(upstream: str, logdir: Path, port: int, *, confdir: Path | None
 
 @contextlib.contextmanager
 def proxy_pool(upstream: str, logdir: Path, k: int | None = None, *, workdir: Path | None = None,
-               sets: dict | None = None, timeout: float = 60.0) -> Iterator[ProxyPool]:
+               sets: dict | None = None, timeout: float = 60.0, die_with_parent: bool = False) -> Iterator[ProxyPool]:
     """K capture proxies in reverse mode in front of ``upstream``, all writing ``logdir``; each one's
     output goes to ``workdir/mitmdump-<i>.log`` (default: ``logdir/../proxies``). The first starts
     alone (it creates mitmproxy's CA in the shared confdir), the rest start together. Every one is
-    stopped by its pid when the block exits."""
+    stopped by its pid when the block exits. ``die_with_parent``: the kernel also kills them when
+    this process dies without reaching that (die_with_parent.py; enter the block from a thread
+    that lives as long as they should: the death signal follows the starting thread)."""
     k = default_k() if k is None else k
     if k < 1:
         raise ValueError(f"proxies per node must be >= 1, not {k}")
@@ -234,8 +237,10 @@ def proxy_pool(upstream: str, logdir: Path, k: int | None = None, *, workdir: Pa
 
         def start(i: int) -> Proc:
             port = free_port()
-            p = stack.enter_context(running(mitmdump_cmd(upstream, logdir, port, confdir=confdir, sets=sets),
-                                            log=workdir / f"mitmdump-{i}.log"))
+            cmd = mitmdump_cmd(upstream, logdir, port, confdir=confdir, sets=sets)
+            if die_with_parent:
+                cmd = with_parent_death(cmd)
+            p = stack.enter_context(running(cmd, log=workdir / f"mitmdump-{i}.log"))
             p.url = f"http://127.0.0.1:{port}"
             return p
 

@@ -183,8 +183,12 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit
                      proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
                      limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
     view = FleetView(enabled=not no_progress)
-    with Cluster(address=ray_address, local=local_nodes), view:
-        res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+    from trainer.ray_join import RayJoinError
+    try:
+        with Cluster(address=ray_address, local=local_nodes), view:
+            res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+    except RayJoinError as e:  # raised by joining only, before anything runs
+        raise click.ClickException(f"--ray-address: {e}") from None
     click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
                f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; store {store}")
     if res.shards.get("built"):

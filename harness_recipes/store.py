@@ -3,7 +3,9 @@ pyarrow filesystem). Layout under the root:
 
     logs/<episode_id>.arrow                 each finished episode's capture log
     rollout/records/<episode_id>.json       its rollout record (names the node that ran it)
-    shards/<node>/shard-NNNNNN.parquet      the node's shards (+ its recon manifest files)
+    shards/shard-NNNNNN.parquet             the fleet's shards (one recon over logs/, + its manifest)
+    staging/<node>/<episode_id>.arrow       a log on its way in: the queue moves it into logs/ if the
+                                            node's attempt is still current (fleet.TaskQueue.publish)
 
 Every object is written once, under a temporary name then moved into place (a rename on a local
 or shared POSIX filesystem; object stores put whole objects), so a reader (the trainer, a resumed
@@ -18,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-LOGS, RECORDS, SHARDS = "logs", "rollout/records", "shards"
+LOGS, RECORDS, SHARDS, STAGING = "logs", "rollout/records", "shards", "staging"
 _URI_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError)
 
 

@@ -220,6 +220,15 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
         except (LogError, ReconError) as exc:
             report.errors.append((str(head.path), f"episode {head.episode_id}: {exc}"))
             continue
+        except OSError:
+            raise  # the machine's trouble (disk, descriptors), not this episode's: stop, write nothing half
+        except Exception as exc:  # noqa: BLE001 - a bug on one episode must not stop a whole run's watch
+            # (the trainer would wait on shards forever); the episode is reported, never half-written
+            import traceback
+            traceback.print_exc()
+            report.errors.append((str(head.path), f"episode {head.episode_id}: internal error (a bug in "
+                                                   f"polar-recon, please report it): {type(exc).__name__}: {exc}"))
+            continue
         if not seqs:
             report.excluded_calls += excluded
             why = ", ".join(sorted({r for *_, r in excluded})) or "no calls"

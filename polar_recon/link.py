@@ -101,6 +101,11 @@ class _RustDecoder:
         self.tok = tok
 
     def decode(self, ids) -> str:
+        # The Rust decoder skips an id it does not know; a turn that differs only by such an id would
+        # then read as "the same text" (a bpe-merge REALIGN). Refuse it, as bytedecode does.
+        bad = [i for i in ids if self.tok.id_to_token(i) is None]
+        if bad:
+            raise ValueError(f"token ids not in the tokenizer's vocabulary: {bad[:5]}")
         return self.tok.decode(ids, skip_special_tokens=False)
 
 
@@ -152,7 +157,13 @@ def turn_classes(old: np.ndarray, new: np.ndarray, m: TurnMarkers) -> frozenset[
 def _turn_classes(m: TurnMarkers, old_b: bytes, new_b: bytes) -> frozenset[str] | None:
     old, new = np.frombuffer(old_b, np.int32), np.frombuffer(new_b, np.int32)
     h = 1 + len(m.assistant)
-    a, b = m.decode(old[h:]), m.decode(new[h:])
+    try:
+        a, b = m.decode(old[h:]), m.decode(new[h:])
+    except ValueError:
+        # An id the tokenizer has no text for: models pad their embedding past the tokenizer (Qwen3:
+        # 151936 rows, 151669 tokens) and a drifting policy does sample those rows. The served text has
+        # nothing for it, so the re-render lost a sampled token: no known class, a FORK.
+        return None
     found = classify(a, b)
     if found is None:
         return None

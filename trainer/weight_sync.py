@@ -104,8 +104,9 @@ def _fleet_coordinator(address: str):
         raise WeightSyncError("sync_mode=fleet needs Ray in the trainer's environment (pip install 'polar[fleet]')") \
             from None
     if not ray.is_initialized():
+        from .ray_join import join
         try:
-            ray.init(address=address, log_to_driver=False)
+            join(address)  # fails in seconds when nothing answers there (ray.init alone retries for minutes)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise WeightSyncError(f"sync_mode=fleet: cannot join the Ray cluster at sync_server={address!r}: {exc}") \
                 from None

@@ -143,10 +143,10 @@ def test_a_failed_build_leaves_no_partial_shard(tmp_path, monkeypatch):
 
     def boom(self, path):
         if path.name == "c.arrow":
-            raise RuntimeError("disk on fire")
+            raise OSError(5, "disk on fire")  # fatal: a per-episode bug is reported instead (below)
         return real(self, path)
     monkeypatch.setattr(B.Builder, "sequences", boom)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(OSError):
         build(logdir, out, Options(shard_size=2, group_by="task_id"))
     # the first shard (a, b) was complete and renamed; the one holding c never became visible
     assert [p.name for p in out.glob("shard-*")] == ["shard-000000.parquet"]
@@ -450,3 +450,25 @@ def test_shards_carry_the_sampling_the_server_applied(tmp_path):
     assert request_params(json.dumps({"temperature": 1, "top_k": 0, "messages": []})) == {
         "temperature": 1.0, "top_p": None, "top_k": -1, "min_p": None}
     assert request_params(None)["temperature"] is None
+
+
+def test_watch_goes_on_when_one_episode_hits_a_bug(tmp_path, monkeypatch):
+    """An unexpected exception on one episode (a bug, e.g. the closed loop's crash on a sampled id past the
+    tokenizer) is reported for that episode; the watch builds the others and keeps running, so a trainer
+    waiting on shards is not left to time out on a dead watcher."""
+    from polar_recon import build as build_mod
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    logdir.mkdir()
+    for e in ("a", "b", "c"):
+        L.episode(logdir, e, simple, harness="tidy")
+    real = build_mod.Builder.sequences
+
+    def sequences(self, path):
+        if Path(path).name == "b.arrow":
+            raise RuntimeError("boom")
+        return real(self, path)
+    monkeypatch.setattr(build_mod.Builder, "sequences", sequences)
+    code, text = run("watch", logdir, out, "--poll", "0.05", "--idle-exit", "0.3")
+    assert code == 0 and "watch done: 2 episodes" in text, text
+    assert "episode b: internal error (a bug in polar-recon, please report it): RuntimeError: boom" in text
+    assert sorted(read_shards(out)["episode_id"].unique().to_list()) == ["a", "c"]

@@ -4,9 +4,10 @@ runs (cut UTF-8 sequences included), and real text round-trips."""
 from __future__ import annotations
 
 import random
+import unicodedata
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
@@ -40,10 +41,12 @@ def test_random_runs(pair):
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(min_size=0, max_size=60))
+@example("\U0002f800")  # NFC changes it (found by hypothesis in a run)
 def test_text_round_trip_and_cuts(pair, text):
     rust, ours = pair
     ids = rust.encode(text, add_special_tokens=False).ids
-    assert ours.decode(ids) == text
+    # Qwen's normalizer is NFC: encoding maps e.g. U+2F800 (a compatibility ideograph) to U+4E3D
+    assert ours.decode(ids) == unicodedata.normalize("NFC", text) == rust.decode(ids, skip_special_tokens=False)
     for cut in range(len(ids)):  # prefixes end inside multi-byte characters: replaced alike
         assert ours.decode(ids[:cut]) == rust.decode(ids[:cut], skip_special_tokens=False)
 

@@ -344,3 +344,47 @@ def test_a_call_in_two_segments_is_an_error_not_a_shard(tmp_path):
     nodes[2].parent, nodes[2].kind = None, FORK  # a corrupted tree: call 2 is a root AND call 1's child
     with pytest.raises(ReconError, match="call 2 falls in segments 0 and 1; its completion would train twice"):
         token_sequences(ep, M, nodes)
+
+
+@pytest.mark.parametrize("decoder", ["table", "rust"])
+def test_a_sampled_id_past_the_tokenizer_forks(tmp_path, monkeypatch, decoder):
+    """Qwen3's embedding has 151936 rows for 151669 tokens; a drifting policy samples the padding rows
+    (seen in the closed loop's shifted-mask arm: id 151838). The server's text has nothing for such an
+    id, so the next prompt lacks it: the context differs from the sampled turn by a token no re-render
+    class explains. That is a FORK (each call trains on what it was served), never a crash of the
+    reconstruction and never a REALIGN that "sees the same text"."""
+    import polar_recon.link as link
+    from polar_recon import testing
+
+    pad = 151838
+    real, done = testing.encode, []
+
+    def encode(text):
+        ids = real(text)
+        if text.endswith("<|im_end|>") and not done:  # the first sampled completion only
+            done.append(1)
+            return ids[:-1] + [pad] + ids[-1:]
+        return ids
+    monkeypatch.setattr(testing, "encode", encode)
+    m = M
+    if decoder == "rust":  # the path for tokenizers that are not byte-level BPE
+        from tokenizers import Tokenizer
+        rust = link._RustDecoder(Tokenizer.from_file(str(L.TOKENIZER_DIR / "tokenizer.json")))
+        monkeypatch.setattr(link, "_decoder", lambda _dir: rust)
+        link._turn_classes.cache_clear()
+        with pytest.raises(ValueError, match="not in the tokenizer's vocabulary: \\[151838\\]"):
+            rust.decode([pad])
+
+    def run(c):
+        c.call(L.Sample("", "Hello! How can I help?", []))
+        c.user("Now create hello.txt")
+        c.call(L.Sample("", "Done.", []))
+    conv = L.episode(tmp_path, "e", run, harness="strict")
+    ep = read_calls(tmp_path / "e.arrow")
+    assert pad in ep.calls[0].completion.tolist() and pad not in ep.calls[1].prompt.tolist()
+    nodes = link_calls(ep.calls, m)
+    assert [n.kind for n in nodes] == [FORK, FORK]
+    seqs = token_sequences(ep, m)
+    assert len(seqs) == 2
+    assert_faithful(ep, nodes, seqs, conv.recorded)
+    link._turn_classes.cache_clear()

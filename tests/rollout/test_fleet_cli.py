@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 from rich.console import Console
 
@@ -64,3 +65,20 @@ def test_fleet_takes_swebench_instances_with_their_filters(tmp_path):
                                                                "status": "done"})
     res = cli(*base, "--limit", "1", "--runtime", "docker", "--resume")
     assert res.returncode == 0 and "nothing left to run" in res.stdout, res.stderr
+
+
+def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
+    """ray.init alone retries a dead address for minutes; the fleet probes the head's port first."""
+    import time
+
+    from harness_recipes.procs import free_port
+
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    res = cli(*fleet_args(tmp_path, f"file://{tmp_path}/store", "--ray-address", f"127.0.0.1:{port}"))
+    assert res.returncode == 1 and "--ray-address: no Ray cluster answers at" in res.stderr, res.stderr[-2000:]
+    assert f":{port}" in res.stderr and time.monotonic() - t0 < 30
+    # "auto" resolves as Ray does (RAY_ADDRESS first), then the same probe
+    res = cli(*fleet_args(tmp_path, f"file://{tmp_path}/store", "--ray-address", "auto"),
+              env={**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"})
+    assert res.returncode == 1 and "no Ray cluster answers at" in res.stderr, res.stderr[-2000:]

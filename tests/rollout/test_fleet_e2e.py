@@ -131,9 +131,17 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     assert {r["weight_version"] for r in after} == {"1"} and {r["weight_version"] for r in before} == {old}
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaps, as in a container without an init, counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
-    """Three nodes; one worker node's raylet is killed (ray.cluster_utils remove_node, not graceful)
-    while it runs episodes: its unfinished samples run again on the others under a new attempt id,
+    """Three nodes; one worker node's raylet and rollout actor are SIGKILLed while it runs episodes:
+    its proxies die with it; its unfinished samples run again on the others under a new attempt id,
     what it published stays, and every (task, sample) ends with exactly one finished record."""
     import signal
     import threading
@@ -170,13 +178,21 @@ def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
             assert t.is_alive() and time.monotonic() < deadline, (out, seen)
             time.sleep(0.1)
         leftover = seen[vname]["proxy_pids"]
-        c.cluster.remove_node(victim, allow_graceful=False)
+        assert leftover and all(alive(p) for p in leftover)
+        # the node dies hard: its raylet and the actor's process SIGKILLed at once (an OOM killer, a
+        # kill -9 of the node's Ray processes), so neither Ray nor the actor can stop the proxies; the
+        # kernel does (PR_SET_PDEATHSIG, die_with_parent.py), though this host lives on
+        os.kill(victim.all_processes["raylet"][0].process.pid, signal.SIGKILL)
+        os.kill(seen[vname]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while any(alive(p) for p in leftover) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = [p for p in leftover if alive(p)]
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+        assert not survivors, f"the dead node's proxies {survivors} outlived it"
+        c.cluster.remove_node(victim, allow_graceful=False)  # the rest of its processes
         t.join(600)
-        for pid in leftover:  # a dead node's processes die with its machine; here they outlive the raylet
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     res = out["res"]
     assert list(res.lost) == [vname] and res.queue["finished"] and res.queue["groups"]["done"] == n_tasks, res
     assert node_name({"NodeID": victim.node_id}) == vname
@@ -193,3 +209,65 @@ def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
     assert any(r["node"] == vname for r in recs)  # what it published before it died stays
     assert store.list("logs") == sorted(f"{e}.arrow" for e in finished.values())
     assert shard_episodes(store) == sorted(finished.values())  # no episode lost, none twice
+
+
+def test_a_node_declared_lost_while_alive_is_fenced_and_publishes_nothing_stale(tmp_path):
+    """The queue declares a live node lost (as the driver does when Ray reports its actor dead but
+    the process runs on: a partition, a raylet gone under a live worker): its groups run again
+    elsewhere under the next attempt, and the zombie's late episodes are refused at the queue, which
+    alone moves logs into the store (TaskQueue.publish): no stale log, record or shard row."""
+    import threading
+
+    from harness_recipes.fleet import NAMESPACE, QUEUE_ACTOR, Cluster, NodeConfig, run_fleet
+    from harness_recipes.fleet_queue import plan_groups
+    from harness_recipes.tasks import load_tasks
+
+    recipe = fake_recipe(tmp_path, ["chat", "1", "sleep", "1.5"], name="fleetzombie", via="path")
+    n_tasks = 6
+    tasks = load_tasks(write_tasks(tmp_path, n=n_tasks))
+    store_uri = f"file://{tmp_path}/store"
+    store = Store(store_uri)
+    seen: dict[str, dict] = {}
+    with polar_serve(tiny_model_dir(), "vllm") as srv, Cluster(local=2):
+        model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
+        cfg = NodeConfig(recipe=str(recipe), server=srv.base_url, store=store_uri, proxies=1, model=model,
+                         runtime_opts={"isolation": "none"}, node_dir=str(tmp_path / "nodes"),
+                         limits={"prewarm": 1, "run": 1, "eval": 1})
+        out = {}
+
+        def on_stats(stats, queue, wall):
+            for s in stats:
+                seen[s["node"]] = s
+
+        t = threading.Thread(target=lambda: out.update(res=run_fleet(cfg, plan_groups(tasks, 1)[0], on_stats=on_stats)))
+        t.start()
+        deadline = time.monotonic() + 300
+        while not (zombie := next((n for n, s in seen.items() if s["published"] >= 1 and s["phases"].get("run", 0)),
+                                  None)):
+            assert t.is_alive() and time.monotonic() < deadline, (out, seen)
+            time.sleep(0.1)
+        queue = ray.get_actor(QUEUE_ACTOR, namespace=NAMESPACE)
+        requeued = ray.get(queue.node_lost.remote(zombie, []))
+        before = {r["episode_id"] for r in store.records()}
+        t.join(600)
+    res = out["res"]
+    assert list(res.lost) == [zombie] and res.lost[zombie].startswith("fenced: "), res.lost
+    assert res.queue["finished"] and res.queue["groups"]["done"] == n_tasks and res.queue["lost"] == [zombie], res
+    refused = res.queue["refused"]
+    assert refused and {r["node"] for r in refused} == {zombie}, refused  # the zombie did try, and was refused
+    assert all("was declared lost" in r["why"] for r in refused)
+    recs = store.records()
+    finished = {}
+    for r in recs:
+        key = (r["task_id"], r["sample"])
+        assert key not in finished, f"{key} twice: {finished[key]} and {r['episode_id']}"
+        finished[key] = r["episode_id"]
+    assert len(finished) == n_tasks and {r["status"] for r in recs} == {"done"}
+    assert {r["episode_id"] for r in recs if r["node"] == zombie} <= before  # nothing of it after it was fenced
+    assert not {r["episode_id"] for r in refused} & set(finished.values())
+    for key in requeued:  # its groups ran again elsewhere, under attempt 1
+        [r] = [r for r in recs if r["task_id"] == key]
+        assert r["attempt"] == 1 and r["node"] != zombie and r["episode_id"].endswith(".a1"), r
+    assert store.list("logs") == sorted(f"{e}.arrow" for e in finished.values())
+    assert store.list("staging") == []  # the refused logs were removed, the published ones moved
+    assert shard_episodes(store) == sorted(finished.values())

@@ -99,3 +99,22 @@ def test_samples_a_lost_node_published_but_never_acknowledged_are_not_run_again(
     # sample 1's record reached the store, then the node died before telling the queue
     back = q.node_lost("n1", {("t0", 1), ("other", 2)})
     assert [b.samples for b in back] == [(2,)] and g.attempt == 1
+
+
+def test_a_node_declared_lost_is_fenced_even_if_it_is_still_alive():
+    """A zombie (declared lost, still running) may not publish the attempt that now runs elsewhere,
+    nor take more work; the new attempt's node may publish, once per sample."""
+    q = WorkQueue([Group(Task("t0", "p", "true"), (0, 1)), Group(Task("t1", "p", "true"), (0,))])
+    [g0] = q.take("n1", 1)
+    assert q.may_publish("t0", 0, "n1", 0) is None and q.episode_done("t0", 0, "n1", 0)
+    assert "already published" in q.may_publish("t0", 0, "n1", 0)
+    [back] = q.node_lost("n1")
+    assert back.key == "t0" and back.attempt == 1 and back.samples == (1,)
+    assert "n1 was declared lost" in q.may_publish("t0", 1, "n1", 0)  # the zombie's late episode
+    assert q.take("n1", 5) == []  # and it gets no more work
+    [g] = q.take("n2", 1)
+    assert g.key == "t0"
+    assert "is stale" in q.may_publish("t0", 1, "n2", 0)  # an old attempt number is refused too
+    assert q.may_publish("t0", 1, "n2", 1) is None and q.episode_done("t0", 1, "n2", 1)
+    assert "already published" in q.may_publish("t0", 1, "n2", 1)
+    assert "no group 'x'" in q.may_publish("x", 0, "n2", 0)

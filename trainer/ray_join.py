@@ -1,0 +1,60 @@
+"""Join a running Ray cluster, or fail at once with an error naming the address.
+
+``ray.init(address=HOST:PORT)`` with nothing listening there retries for minutes (its GCS client
+waits for the head to come up), and ``address="auto"`` with a stale ``ray_current_cluster`` file
+does the same. A fleet driver or a trainer given a wrong address should say so in seconds: the
+address is resolved as Ray resolves it (RAY_ADDRESS, then the last cluster started on this host)
+and its GCS port is probed with a plain TCP connect before Ray is asked to join.
+
+Used by ``polar-rollout fleet --ray-address`` (harness_recipes/fleet.py) and the trainer's
+``sync_mode=fleet`` (weight_sync.py). Ray is imported only when called.
+"""
+from __future__ import annotations
+
+import socket
+
+PROBE_S = 5.0
+
+
+class RayJoinError(ConnectionError):
+    """No Ray cluster answers at the address; the message names it."""
+
+
+def resolve(address: str) -> str:
+    """``auto`` | ``HOST:PORT`` -> the ``HOST:PORT`` of the cluster's GCS, as ``ray.init`` would pick it."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        return canonicalize_bootstrap_address_or_die(address)
+    except (ConnectionError, ValueError) as exc:
+        raise RayJoinError(f"Ray address {address!r}: {exc}") from None
+
+
+def probe(hostport: str, timeout: float = PROBE_S) -> None:
+    host, _, port = hostport.rpartition(":")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise RayJoinError(f"Ray address {hostport!r} is not HOST:PORT") from None
+    try:
+        with socket.create_connection((host.strip("[]"), port_n), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise RayJoinError(f"no Ray cluster answers at {hostport} (nothing accepts a connection on the head's GCS "
+                           f"port within {timeout:g} s: {exc}); start one with `ray start --head` or give its "
+                           f"address") from None
+
+
+def join(address: str, *, probe_timeout: float = PROBE_S) -> str:
+    """Connect this process to the cluster at ``address`` (``auto`` | ``HOST:PORT``); returns the
+    ``HOST:PORT`` joined. RayJoinError (in seconds, not minutes) when nothing answers there."""
+    import ray
+
+    if address.startswith("ray://"):  # Ray Client: its own server port, probed the same way
+        probe(address[len("ray://"):].split("/", 1)[0], probe_timeout)
+        ray.init(address=address, log_to_driver=False)
+        return address
+    hostport = resolve(address)
+    probe(hostport, probe_timeout)
+    ray.init(address=hostport, log_to_driver=False)
+    return hostport
