@@ -90,6 +90,9 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
         variant(t, "badpatch", test_patch="\n".join(lines) + "\n"),
         dataclasses.replace(variant(t, "hang", eval_script=t.swebench["eval_script"].replace(
             "python3 -m pytest", "sleep 600; python3 -m pytest")), eval_timeout=3),
+        # a test command that runs no test at all (a broken instance, not a broken fix)
+        variant(t, "noout", eval_script=t.swebench["eval_script"].replace(
+            "python3 -m pytest -rA -p no:cacheprovider test_inflection.py", "true")),
     ]
     recs, records = run(tmp_path, monkeypatch, end_server, docker_runtime_cls, FIX, tasks)
 
@@ -119,6 +122,10 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
     assert hang["status"] == "eval_error" and "tests timed out after 3s" in hang["error"], hang
     assert end_server.ends[hang["episode_id"]]["metadata"]["discard"] is True
 
+    noout = recs[f"{t.id}-noout"]
+    assert noout["status"] == "eval_error" and "no gradable test output" in noout["error"], noout
+    assert end_server.ends[noout["episode_id"]]["metadata"]["discard"] is True
+
 
 def test_no_fix_is_a_real_unresolved_episode(tmp_path, monkeypatch, end_server, docker_runtime_cls):
     t = inflection()
@@ -129,6 +136,17 @@ def test_no_fix_is_a_real_unresolved_episode(tmp_path, monkeypatch, end_server, 
     assert not rec["swebench"]["tests"]["PASS_TO_PASS"]["failure"]
     end = end_server.ends[rec["episode_id"]]
     assert end["reward"] == 0.0 and end["metadata"]["discard"] is False  # the model's failure: a training signal
+
+
+def test_a_fix_that_breaks_the_module_is_graded_unresolved(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    """The model's own failure, however loud (the tests cannot even import), is a graded 0, not an eval error."""
+    t = inflection()
+    recs, _ = run(tmp_path, monkeypatch, end_server, docker_runtime_cls,
+                  ["fix", "inflection/__init__.py", "def ordinal(", "def ordinal(("], [t])
+    rec = recs[t.id]
+    assert rec["status"] == "done" and rec["reward"] == 0.0 and rec["swebench"]["resolved"] is False, rec
+    assert rec["swebench"]["patch_successfully_applied"] is True
+    assert end_server.ends[rec["episode_id"]]["metadata"]["discard"] is False
 
 
 def test_a_container_that_dies_ends_its_episode_with_the_reason(tmp_path, monkeypatch, end_server,
