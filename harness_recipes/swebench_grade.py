@@ -2,7 +2,8 @@
 
 In the episode's sandbox (the instance's container, /testbed), after the harness:
 
-1. the model patch: ``git diff base_commit`` of the working tree (what swebench calls the prediction);
+1. the model patch: ``git diff base_commit`` of the working tree, new files included (what swebench
+   calls the prediction);
 2. does test_patch apply to base_commit? checked in a throwaway git worktree, so a broken instance
    is told apart from a model that broke the test files (the eval script resets those anyway);
 3. the instance's eval_script runs (reset test files, apply test_patch, tests between the official
@@ -89,6 +90,9 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
     outdir.mkdir(parents=True, exist_ok=True)
     wd = sandbox.workspace
     base = inst["base_commit"]
+    # new files the model wrote are part of its patch (as `git add -A; git diff --cached` in SWE-agent):
+    # intent-to-add puts them in the diff without staging their content
+    await sandbox.exec(["git", "add", "--intent-to-add", "--all"], env, timeout=60, cwd=wd)
     diff = await sandbox.exec(["git", "-c", "core.fileMode=false", "diff", base], env, timeout=60, cwd=wd)
     if diff.rc != 0:
         return Grade(0.0, f"git diff {base} failed in {wd}: {_text(diff)[-300:]}", log=diff)

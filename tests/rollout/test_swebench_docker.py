@@ -107,6 +107,9 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
     # the official log and report, kept with the episode
     edir = records.episode_dir(ok["episode_id"])
     assert (edir / "report.json").is_file() and ">>>>> End Test Output" in (edir / "test_output.txt").read_text()
+    patch = (edir / "model.patch").read_text()
+    assert "+    elif number % 100 in (11, 12, 13):" in patch or "(11, 12, 13)" in patch, patch
+    assert "b/.fake-seen.json" in patch, patch  # a new file the harness wrote is part of the model's patch
 
     bad = recs[f"{t.id}-noimage"]
     assert bad["status"] == "error" and "image build failed" in bad["error"] and "0000000000" in bad["error"], bad
