@@ -213,11 +213,10 @@ class Pipeline:
 
     def _metadata(self, job: Job) -> dict:
         r = job.record
-        # discard: an episode cut short by us (not by the agent) is no training signal. A SWE-bench
-        # instance that could not be graded (eval_error: test_patch does not apply, the tests hang, no
-        # test output) is not one either: its reward 0 would read as the model's failure.
-        discard = r.get("status") in (ep.ERROR, ep.INTERRUPTED) or (
-            job.task.swebench is not None and r.get("status") == ep.EVAL_ERROR)
+        # discard: an episode cut short by us (not by the agent) is no training signal. One that could
+        # not be graded (eval_error: the test patch does not apply, the tests hang, no test output) is
+        # not one either: its reward 0 would read as the model's failure.
+        discard = r.get("status") in (ep.ERROR, ep.INTERRUPTED, ep.EVAL_ERROR)
         meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
                 "status": r.get("status"), "discard": discard}
         if r.get("error"):
