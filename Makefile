@@ -44,7 +44,7 @@ $(VLLM_STAMP): requirements-vllm.txt
 sglang-wheel: install
 	test -n "$$(ls $(SGLANG_WHEEL_DIR)/sglang-0.5.23-*.whl 2>/dev/null)" || $(VENV)/bin/pip download -q --no-deps sglang==0.5.23 -d $(SGLANG_WHEEL_DIR)
 
-# System packages (chromium, bubblewrap, docker.io, npm) when missing; needs root to install them.
+# System packages (chromium, bubblewrap, docker.io, npm, debootstrap) when missing; needs root to install them.
 sysdeps:
 	bash .ci/sysdeps.sh
 

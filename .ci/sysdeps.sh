@@ -4,9 +4,11 @@
 #   bubblewrap                  isolation of the local rollout runtime
 #   docker.io                   the docker rollout runtime (dockerd is started quietly by with-dockerd.sh)
 #   nodejs + npm                the real harness CLIs (Codex, Claude Code, Qwen Code, Pi)
+#   debootstrap                 the Debian base of the SWE-bench instance images (runtimes/images.py;
+#                               built once, kept in $POLAR_CACHE/swebench/)
 set -euo pipefail
 need=()
-for pkg in chromium chromium-driver bubblewrap docker.io; do
+for pkg in chromium chromium-driver bubblewrap docker.io debootstrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .recipe import RecipeError, load_recipe
+from .swebench import PREFIX, is_swebench_spec, load_instances
 from .tasks import TaskError, load_swebench, load_tasks
 
 ENGINES = ("sglang", "vllm")
@@ -122,12 +123,14 @@ def _check_rollout(exp: Experiment, w: str) -> None:
         raise ExperimentError(f"{where}: give exactly one of tasks (a tasks JSONL) and swebench (+ repos)")
     base = exp.path.parent
     if "tasks" in r:
-        f = _resolve(base, _get(r, "tasks", str, where))
+        spec = _get(r, "tasks", str, where)
+        swe = is_swebench_spec(spec)  # swebench:FILE, SWE-bench instances (swebench.py)
+        f = _resolve(base, spec[len(PREFIX):] if swe else spec)
         if not f.exists():
             exp.notes.append(f"tasks file {f} is not on this machine: its shape was not checked")
         else:
             try:
-                r["_n_tasks"] = len(load_tasks(f))
+                r["_n_tasks"] = len(load_instances(f) if swe else load_tasks(f))
             except TaskError as exc:
                 raise ExperimentError(f"{where}.tasks: {exc}") from None
     else:

@@ -2,6 +2,8 @@
 
     polar-rollout run --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
         --proxy http://127.0.0.1:8080 --logdir LOGDIR --out OUT [--runtime local|docker]
+    polar-rollout run --recipe codex --tasks swebench:data/swebench/mini.jsonl --runtime docker \\
+        [--instances ID,ID] [--limit N] ...      # SWE-bench instances, graded by swebench
     polar-rollout fleet --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
         --server http://inference:8000 --store file:///shared/run --ray-address auto   # fleet.py
     polar-rollout recipes          # the bundled recipes (--recipe NAME), or --recipe PATH.toml
@@ -27,6 +29,7 @@ from .recipe import RecipeError, bundled_names, load_recipe
 from .records import Records
 from .runtimes import make_runtime
 from .scheduler import Limits, Pipeline
+from .swebench import is_swebench_spec, load_instances
 from .tasks import TaskError, load_swebench, load_tasks
 
 
@@ -37,9 +40,13 @@ def main() -> None:
 
 @main.command()
 @click.option("--recipe", required=True, help="recipe file or bundled name (pi, qwen-code, codex, claude-code, ...)")
-@click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
+@click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, Parquet, "
+              "or a datasets dataset saved to disk)")
 @click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
-@click.option("--repos", type=click.Path(file_okay=False), help="with --swebench: directory of local clones owner__name")
+@click.option("--repos", type=click.Path(file_okay=False),
+              help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)")
+@click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these instance ids")
+@click.option("--limit", default=None, type=click.IntRange(1), help="with --tasks swebench:FILE: the first N instances")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
 @click.option("--proxy", required=True, help="capture proxy URL, e.g. http://127.0.0.1:8080")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
@@ -59,15 +66,16 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtime, isolation, docker_network,
+def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, logdir, out, runtime, isolation, docker_network,
         concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
         no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     try:
         rec = load_recipe(recipe)
-        tasks = _tasks(tasks_path, swebench, repos)
+        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
     except (RecipeError, TaskError) as e:
         raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
     settings = ep.Settings(proxy=proxy, model=model)
     if api_key_env:
         if not os.environ.get(api_key_env):
@@ -99,9 +107,13 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
                                               "(without it: run the plan's fleets, one per harness; --local N to try "
                                               "it on this machine)")
 @click.option("--recipe", help="recipe file or bundled name (the same on every node)")
-@click.option("--tasks", "tasks_path", type=click.Path(dir_okay=False), help="tasks JSONL")
+@click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, Parquet, "
+              "or a datasets dataset saved to disk)")
 @click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
-@click.option("--repos", type=click.Path(file_okay=False), help="with --swebench: directory of local clones owner__name")
+@click.option("--repos", type=click.Path(file_okay=False),
+              help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)")
+@click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these instance ids")
+@click.option("--limit", default=None, type=click.IntRange(1), help="with --tasks swebench:FILE: the first N instances")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
 @click.option("--server", help="the inference server every node's proxies forward to")
 @click.option("--store", help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
@@ -126,8 +138,8 @@ def run(recipe, tasks_path, swebench, repos, samples, proxy, logdir, out, runtim
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="environment variable holding the API key the harness sends (never given on the command line)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server, store, ray_address, local_nodes,
-          proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
+def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit, samples, server, store, ray_address,
+          local_nodes, proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
           eval_concurrency, model, api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
@@ -150,10 +162,11 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, samples, server,
         raise click.UsageError("give exactly one of --ray-address (auto | HOST:PORT) and --local N")
     try:
         load_recipe(recipe)
-        tasks = _tasks(tasks_path, swebench, repos)
+        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
         Store(store)
     except (RecipeError, TaskError, StoreError) as e:
         raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
@@ -249,9 +262,19 @@ def _experiment(config, dry_run) -> None:
         click.echo(line)
 
 
-def _tasks(tasks_path, swebench, repos):
+def _check_runtime(tasks, runtime: str) -> None:
+    if runtime != "docker" and any(t.swebench is not None for t in tasks):
+        raise click.UsageError("SWE-bench instances run in their images: add --runtime docker")
+
+
+def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
     if bool(tasks_path) == bool(swebench):
         raise TaskError("give exactly one of --tasks or --swebench")
+    if tasks_path and is_swebench_spec(tasks_path):
+        ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
+        return load_instances(tasks_path, repos=repos, instances=ids, limit=limit)
+    if instances or limit:
+        raise TaskError("--instances / --limit select SWE-bench instances: use them with --tasks swebench:FILE")
     if swebench:
         if not repos:
             raise TaskError("--swebench needs --repos DIR (local clones named owner__name)")

@@ -191,7 +191,10 @@ class Pipeline:
     async def _evaluate(self, job: Job, sandbox: Sandbox) -> None:
         rec = job.record
         rec["changed_files"] = await sandbox.changed_files()
-        reward, res, err = await ep.evaluate(job.task, sandbox, self.settings)
+        if job.task.swebench is not None:
+            reward, res, err = await self._grade_swebench(job, sandbox)
+        else:
+            reward, res, err = await ep.evaluate(job.task, sandbox, self.settings)
         ep.save_output(self.records.episode_dir(job.eid), "eval", res)
         rec.update(reward=reward, eval_rc=res.rc if res else None)
         if err:
@@ -201,11 +204,27 @@ class Pipeline:
             # Without the end row the episode never counts as finished for reconstruction.
             raise RuntimeError(end_err)
 
+    async def _grade_swebench(self, job: Job, sandbox: Sandbox):
+        from .swebench_grade import grade
+        env = {"PATH": self.settings.base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
+        g = await grade(job.task.swebench, sandbox, env, job.task.eval_timeout, self.records.episode_dir(job.eid))
+        job.record["swebench"] = g.metadata()
+        return g.reward, g.log, g.error
+
     def _metadata(self, job: Job) -> dict:
         r = job.record
-        # discard: an episode cut short by us (not by the agent) is no training signal.
-        return {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
-                "status": r.get("status"), "discard": r.get("status") in (ep.ERROR, ep.INTERRUPTED)}
+        # discard: an episode cut short by us (not by the agent) is no training signal. One that could
+        # not be graded (eval_error: the test patch does not apply, the tests hang, no test output) is
+        # not one either: its reward 0 would read as the model's failure.
+        discard = r.get("status") in (ep.ERROR, ep.INTERRUPTED, ep.EVAL_ERROR)
+        meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
+                "status": r.get("status"), "discard": discard}
+        if r.get("error"):
+            meta["reason"] = r["error"][:500]
+        if "swebench" in r:
+            # "eval": what the evaluation found beyond the reward; polar-recon copies it into the shards.
+            meta["eval"] = {"kind": "swebench", "instance_id": job.task.swebench["instance_id"], **r["swebench"]}
+        return meta
 
     async def _end_quietly(self, job: Job) -> None:
         if job.phase in ("queued", "prewarm"):

@@ -235,6 +235,8 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
             report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call ({why})"))
             continue
         rows.episodes.append((head.episode_id, reward, seqs))
+        if isinstance(head.metadata.get("eval"), dict):
+            rows.evals[head.episode_id] = json.dumps(head.metadata["eval"], sort_keys=True)
         rows.excluded += excluded
         report.excluded_calls += excluded
         report.built.append(head.episode_id)

@@ -54,6 +54,10 @@ SHARD_SCHEMA = pa.schema([
     # else the episode's end (timeout from the end metadata, else its last call's finish), so every
     # row of a truncated episode says so (strategies.termination). null = unknown (an older build).
     pa.field("termination", pa.string()),
+    # What the rollout's evaluation found beyond the reward (the end metadata's "eval", as JSON),
+    # e.g. a SWE-bench instance's resolved flag and per-test results (FAIL_TO_PASS / PASS_TO_PASS
+    # success and failure lists, swebench's report). null = the rollout recorded none.
+    pa.field("eval", pa.string()),
 ])
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
@@ -82,6 +86,7 @@ class GroupRows:
     complete: bool = True
     # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
     excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
+    evals: dict[str, str] = field(default_factory=dict)  # episode_id -> the "eval" column (JSON)
 
     def table(self) -> pa.Table:
         seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
@@ -107,6 +112,7 @@ class GroupRows:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
         for f in FIDELITY_FIELDS:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
+        cols["eval"] = pa.array([self.evals.get(e) for e, _, _ in seqs], pa.string())
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
 
 

@@ -6,6 +6,12 @@ the container runs the host's node, python and git without copying gigabytes int
 harness install cache is mounted read-only at the same path, the episode directory (workspace +
 home) read-write at the same path, so recipe templates render identically under both runtimes.
 
+SWE-bench tasks (task.swebench) run in their instance's image instead (images.py: the official
+image when docker has it, else one built from a debootstrap'ed Debian base), the repository at
+/testbed; only the harness cache, the episode directory and the host's node binary are mounted.
+A container that stops under a command (killed, OOM) raises ContainerGone with docker's account
+of why: the episode ends as an infrastructure error, not as the harness's failure.
+
 Network: `host` (the harness must reach the proxy on 127.0.0.1) or `none`; never a bridge (this
 machine forbids private-range traffic, and dockerd runs with --bridge=none). Limits: memory, CPUs,
 pids. Cleanup: every container carries a per-run label; close() removes it (force), and
@@ -27,6 +33,9 @@ from ..tasks import Task
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 
 IMAGE = "polar-rollout-base:2"
+WORKDIR = "/testbed"  # where SWE-bench images hold the repository
+NODE_DIR = "/opt/polar/bin"  # the host's node, mounted for the npm harnesses in instance images
+NODE_HOME = "/opt/polar/node"  # ... and, when it needs them, its libraries (node_mounts)
 LABEL = "polar.rollout.run"
 # /sbin is a real directory, not the usr-merge link: docker mounts its init at /sbin/docker-init,
 # which cannot be created inside the read-only /usr.
@@ -74,22 +83,52 @@ def ensure_image(client) -> str:
 
 
 class DockerSandbox(Sandbox):
-    def __init__(self, client, container, root: Path):
+    def __init__(self, client, container, root: Path, workspace: str | None = None, node_dir: str | None = None,
+                 image: str = ""):
         self.client, self.container, self.root = client, container, root
-        self.workspace = str(root / "workspace")
+        self.workspace = workspace or str(root / "workspace")
         self.home = str(root / "home")
+        self.image = image
+        if node_dir:
+            self.node_dir = node_dir  # the scheduler puts it first on the harness's PATH
         self._closed = False
 
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str) -> ExecResult:
+        import docker
         t0 = time.monotonic()
         # coreutils timeout runs the command in its own process group and kills the whole group.
         wrapped = ["timeout", "-k", "3", f"{timeout:.3f}", *argv]
-        res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+        try:
+            res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+        except docker.errors.APIError as e:
+            raise ContainerGone(self._why_gone(e)) from None
+        if res.exit_code is None or res.exit_code == 137 and time.monotonic() - t0 < timeout and self._dead():
+            raise ContainerGone(self._why_gone(None))
         out, err = res.output if res.output else (b"", b"")
         seconds = time.monotonic() - t0
         timed_out = res.exit_code in (124, 137) and seconds >= timeout
         return ExecResult(rc=None if timed_out else res.exit_code, stdout=(out or b"")[:OUTPUT_CAP],
                           stderr=(err or b"")[:OUTPUT_CAP], timed_out=timed_out, seconds=seconds)
+
+    def _dead(self) -> bool:
+        import docker
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return True
+        return self.container.status != "running"
+
+    def _why_gone(self, err) -> str:
+        import docker
+        try:
+            self.container.reload()
+            st = self.container.attrs.get("State", {})
+            state = (f"status {st.get('Status')}, exit code {st.get('ExitCode')}, "
+                     f"OOM-killed {st.get('OOMKilled')}{', error ' + st['Error'] if st.get('Error') else ''}")
+        except docker.errors.NotFound:
+            state = "removed"
+        detail = f" ({type(err).__name__}: {str(err)[:300]})" if err is not None else ""
+        return f"container {self.container.short_id} ({self.image or 'episode'}) died: {state}{detail}"
 
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult:
         if self._closed:
@@ -105,6 +144,50 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
 
+# Libraries every glibc Linux image has: the host's node may rely on the image's own copies.
+BASE_LIBS = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
+             "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
+
+
+def extra_libs(ldd_output: str) -> dict[str, str]:
+    """name -> host path of each shared library in `ldd` output that is not in BASE_LIBS."""
+    out = {}
+    for line in ldd_output.splitlines():
+        name, _, rest = line.strip().partition(" => ")
+        path = rest.split(" (")[0].strip()
+        if rest and name not in BASE_LIBS and path.startswith("/"):
+            out[name] = path
+    return out
+
+
+def node_mounts(workdir: str | None) -> dict:
+    """The npm harnesses' launcher in an instance image: the host's node binary, read-only, at
+    NODE_DIR/node. A node that needs libraries beyond glibc and libstdc++ (Debian's own nodejs links
+    libnode, libuv, ICU) gets them mounted beside it and a wrapper that sets LD_LIBRARY_PATH for node
+    (its children inherit it: with a self-contained node, as nodesource's, there is no wrapper)."""
+    import subprocess
+    node = shutil.which("node")
+    if not node:
+        return {}
+    real = str(Path(node).resolve())
+    proc = subprocess.run(["ldd", real], capture_output=True, text=True)
+    libs = extra_libs(proc.stdout) if proc.returncode == 0 else {}
+    if not libs:
+        return {real: {"bind": f"{NODE_DIR}/node", "mode": "ro"}}
+    wrap_dir = Path(tempfile.mkdtemp(prefix="polar-node-", dir=workdir))
+    (wrap_dir / "node").write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={NODE_HOME}/lib exec {NODE_HOME}/node.real "$@"\n')
+    (wrap_dir / "node").chmod(0o755)
+    vols = {real: {"bind": f"{NODE_HOME}/node.real", "mode": "ro"},
+            str(wrap_dir / "node"): {"bind": f"{NODE_DIR}/node", "mode": "ro"}}
+    for name, path in libs.items():
+        vols[str(Path(path).resolve())] = {"bind": f"{NODE_HOME}/lib/{name}", "mode": "ro"}
+    return vols
+
+
+class ContainerGone(RuntimeError):
+    """The episode's container stopped under a command (killed, OOM, removed): an infrastructure failure."""
+
+
 def _remove(container) -> None:
     import docker
     try:
@@ -117,7 +200,7 @@ class DockerRuntime(Runtime):
     name = "docker"
 
     def __init__(self, network: str = "host", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
-                 workdir: str | None = None):
+                 workdir: str | None = None, log=None):
         if network not in ("host", "none"):
             raise ValueError(f"docker network must be host or none (no bridges here), not {network!r}")
         self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
@@ -125,6 +208,9 @@ class DockerRuntime(Runtime):
         self.client = _client()
         self.image = ensure_image(self.client)
         self.run_label = uuid.uuid4().hex[:12]
+        self.images: dict[str, tuple[str, str]] = {}  # instance id -> (image, how it was found)
+        self._node: dict | None = None  # the host's node, as mounts into instance images
+        self.log = log or (lambda m: None)
 
     def _volumes(self, root: Path) -> dict:
         cache = harness_cache().resolve()
@@ -145,6 +231,8 @@ class DockerRuntime(Runtime):
         )
 
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        if task.swebench is not None:
+            return await self._prepare_instance(task, episode_id)
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         container = None
         try:
@@ -157,6 +245,44 @@ class DockerRuntime(Runtime):
             shutil.rmtree(root, ignore_errors=True)
             raise
         return DockerSandbox(self.client, container, root)
+
+    # ---- SWE-bench instances: the instance's own image, the repository at /testbed in it ----------
+
+    def _instance_volumes(self, root: Path) -> dict:
+        cache = harness_cache().resolve()
+        vols = {str(cache): {"bind": str(cache), "mode": "ro"}, str(root): {"bind": str(root), "mode": "rw"}}
+        if self._node is None:
+            self._node = node_mounts(self.workdir)
+        return {**vols, **self._node}
+
+    def _start_instance(self, image: str, root: Path, eid: str):
+        return self.client.containers.run(
+            image, ["sleep", "infinity"], detach=True, network_mode=self.network,
+            mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
+            volumes=self._instance_volumes(root), working_dir=WORKDIR, init=True,
+            labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
+            environment={"HOME": str(root / "home")},
+        )
+
+    async def _prepare_instance(self, task: Task, episode_id: str) -> Sandbox:
+        from .images import ImageError, instance_image
+        inst = task.swebench
+        root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
+        try:
+            (root / "home").mkdir()
+            try:
+                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log)
+            except ImageError:
+                raise
+            except Exception as e:  # docker API errors while building or importing
+                raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
+            self.images[inst["instance_id"]] = (image, how)
+            container = await asyncio.to_thread(self._start_instance, image, root, episode_id)
+        except BaseException:
+            await asyncio.to_thread(self._remove_episode, episode_id)
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
 
     def _remove_episode(self, eid: str) -> None:
         for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}={self.run_label}",

@@ -84,6 +84,9 @@ class LocalRuntime(Runtime):
         self.keep = keep
 
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        if task.swebench is not None:
+            raise RuntimeError(f"{task.id}: SWE-bench instances run on the docker runtime (--runtime docker): their "
+                               "eval script and graded tests run in the instance's image, in /testbed")
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         sandbox = LocalSandbox(root, self.isolate)
         try:

@@ -48,6 +48,25 @@ def test_fleet_view_plain_lines_name_each_node():
     assert "node-b: 0 done, 0 running (lost)" in line
 
 
+def test_fleet_takes_swebench_instances_with_their_filters(tmp_path):
+    import json
+    from pathlib import Path
+    mini = Path(__file__).resolve().parents[2] / "data" / "swebench" / "mini.jsonl"
+    first = json.loads(mini.read_text().splitlines()[0])["instance_id"]
+    store = f"file://{tmp_path}/store"
+    base = ["fleet", "--recipe", "pi", "--tasks", f"swebench:{mini}", "--server", "http://127.0.0.1:9",
+            "--store", store, "--no-progress", "--local", "1"]
+    res = cli(*base, "--instances", "nope")
+    assert res.returncode == 2 and "--instances: not in" in res.stderr and "nope" in res.stderr
+    res = cli(*base, "--limit", "1")
+    assert res.returncode == 2 and "add --runtime docker" in res.stderr
+    # --limit 1 keeps only the first instance: with its one episode recorded, nothing is left to run
+    Store(store).put_json(f"rollout/records/{first}.s0.json", {"task_id": first, "sample": 0, "attempt": 0,
+                                                               "status": "done"})
+    res = cli(*base, "--limit", "1", "--runtime", "docker", "--resume")
+    assert res.returncode == 0 and "nothing left to run" in res.stdout, res.stderr
+
+
 def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
     """ray.init alone retries a dead address for minutes; the fleet probes the head's port first."""
     import time

@@ -148,3 +148,21 @@ def test_sequential_mode_does_not_overlap(tmp_path, end_server):
     recs = sorted(recs, key=lambda r: r["phases"]["prewarm"][0])
     for a, b in zip(recs, recs[1:]):
         assert b["phases"]["prewarm"][0] >= a["phases"]["recon"][1]
+
+
+def test_an_eval_that_cannot_run_is_discarded_not_a_zero(tmp_path, end_server):
+    """The evaluation's own failure (here: the hidden test patch does not apply) is not the model's: the
+    episode ends eval_error with the reason, and its end says discard, so no shard trains on reward 0."""
+    import dataclasses
+    recipe = load_recipe(fake_recipe(tmp_path, FIX))
+    (task,) = load_tasks(write_tasks(tmp_path))
+    task = dataclasses.replace(task, eval_patch="--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n")
+    records = Records(tmp_path / "out")
+    runtime = make_runtime("local", isolation="none", workdir=str(tmp_path))
+    p = Pipeline(recipe, Path(recipe.install.bin), runtime, ep.Settings(proxy=end_server.url), records,
+                 logdir=None, limits=Limits())
+    p.plan([task], 1)
+    (rec,) = asyncio.run(p.run())
+    assert rec["status"] == "eval_error" and "eval patch did not apply" in rec["error"], rec
+    end = end_server.ends[rec["episode_id"]]
+    assert end["metadata"]["discard"] is True and "eval patch did not apply" in end["metadata"]["reason"]

@@ -1,0 +1,183 @@
+"""Per-instance docker images for SWE-bench tasks: the official one when present, else built here.
+
+Order, per instance:
+1. the instance's ``image`` field, if docker has that image locally;
+2. the official image name (swebench's own naming: `make_image_spec(...).name`, e.g.
+   ``sweb.eval.x86_64.<instance_id>:latest``), if docker has it locally (users build those with the
+   swebench package, or pull them themselves: Polar never pulls);
+3. else Polar builds ``polar-sweb.eval.<instance_id>:<key>`` (key: a hash of base, commit, Dockerfile):
+   - the base: a real Debian root made by `debootstrap --variant=minbase` from the Debian archive
+     (BASE_PACKAGES: python3, pytest, git, ...; the tests' dependencies), `docker import`ed as
+     ``polar-swebench-base:<key>``. Its tarball is kept in $POLAR_CACHE/swebench/ so a machine
+     (CI) runs debootstrap once; the image is re-imported from it when docker lacks it;
+   - per instance, a `docker build` with ``--network none`` (nothing is fetched: the context holds
+     the repository at base_commit, with its .git, copied to /testbed).
+   So the tests' dependencies come from the Debian base (pytest): enough for the bundled
+   instances (pure-Python projects); an instance that needs more runs on its official image.
+
+Builds of one image run once per process (a lock per tag), whichever episode asks first: the
+scheduler's prewarm phase asks while earlier episodes run, so the next image builds in parallel.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from ..cache import polar_cache
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# python3-coverage: termcolor's pytest configuration names a coverage warning class.
+BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", "git", "ca-certificates", "patch")
+BASE_VERSION = 1  # bump when the base's recipe changes in a way its key does not show
+WORKDIR = "/testbed"
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def base_key() -> str:
+    spec = f"{BASE_VERSION}|{SUITE}|{MIRROR}|minbase|{','.join(BASE_PACKAGES)}"
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def base_tag() -> str:
+    return f"polar-swebench-base:{base_key()}"
+
+
+def official_name(inst: dict) -> str:
+    """swebench's own name for the instance image (its ImageSpec.name; no namespace: local)."""
+    from swebench.image_builder.image_spec import make_image_spec
+    return make_image_spec(inst, dockerfile="# the official image, built by swebench").name
+
+
+def polar_name(inst: dict) -> str:
+    iid = inst["instance_id"].lower().replace("__", "_1776_")
+    # The tag changes with anything the image is made of: the base, the commit, the Dockerfile.
+    key = hashlib.sha256(f"{base_tag()}|{inst['base_commit']}|{dockerfile(base_tag())}".encode()).hexdigest()[:12]
+    return f"polar-sweb.eval.{iid}:{key}"
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(tag: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(tag, threading.Lock())
+
+
+def _exists(client, tag: str) -> bool:
+    import docker
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def instance_image(client, inst: dict, repo: Path | None, log=lambda m: None) -> tuple[str, str]:
+    """(image tag, how it was found: 'instance' | 'official' | 'built' | 'cached') for an instance."""
+    if inst.get("image") and _exists(client, inst["image"]):
+        return inst["image"], "instance"
+    official = official_name(inst)
+    if _exists(client, official):
+        return official, "official"
+    tag = polar_name(inst)
+    with _lock(tag):
+        if _exists(client, tag):
+            return tag, "cached"
+        if repo is None:
+            raise ImageError(f"{inst['instance_id']}: no image {official} in the local docker, and no local "
+                             "repository to build one from (give --repos DIR, or build the official images "
+                             "with the swebench package)")
+        base = ensure_base(client, log)
+        build_instance(client, inst, repo, base, tag)
+    return tag, "built"
+
+
+def dockerfile(base: str) -> str:
+    return "\n".join([
+        f"FROM {base}",
+        f"COPY testbed {WORKDIR}",
+        # the repository is root's in the image but the tests may run as another uid: trust it
+        f"RUN git config --system --add safe.directory {WORKDIR} && git -C {WORKDIR} status --short | head -5",
+        f"WORKDIR {WORKDIR}", ""])
+
+
+def build_instance(client, inst: dict, repo: Path, base: str, tag: str) -> None:
+    import docker
+    with tempfile.TemporaryDirectory(prefix="polar-image-") as ctx:
+        testbed = Path(ctx) / "testbed"
+        proc = subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(testbed)], capture_output=True,
+                              text=True)
+        if proc.returncode == 0:
+            proc = subprocess.run(["git", "-c", "advice.detachedHead=false", "checkout", "-q", inst["base_commit"]],
+                                  cwd=testbed, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageError(f"{inst['instance_id']}: image build failed: cannot check out base_commit "
+                             f"{inst['base_commit']} of {repo}: {proc.stderr.strip()[-300:]}")
+        (Path(ctx) / "Dockerfile").write_text(dockerfile(base))
+        try:
+            client.images.build(path=ctx, tag=tag, network_mode="none", rm=True, forcerm=True,
+                                labels={"polar.swebench.instance": inst["instance_id"]})
+        except docker.errors.BuildError as e:
+            tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-8:])
+            raise ImageError(f"{inst['instance_id']}: image build failed: {e.msg}\n{tail[-800:]}") from None
+
+
+def base_tarball() -> Path:
+    return polar_cache("swebench", f"debian-{SUITE}-minbase-{base_key()}.tar.gz")
+
+
+def ensure_base(client, log=lambda m: None) -> str:
+    tag = base_tag()
+    with _lock(tag):
+        if _exists(client, tag):
+            return tag
+        tarball = base_tarball()
+        if not tarball.is_file():
+            log(f"building the Debian base ({SUITE}, minbase + {', '.join(BASE_PACKAGES)}) with debootstrap: "
+                f"about a minute, once; kept in {tarball}")
+            make_base_tarball(tarball)
+        log(f"docker import {tarball} {tag}")
+        repo, t = tag.split(":")
+        with open(tarball, "rb") as f:
+            client.api.import_image_from_data(f, repository=repo, tag=t)
+        if not _exists(client, tag):
+            raise ImageError(f"docker import of {tarball} did not create {tag}")
+    return tag
+
+
+def make_base_tarball(dest: Path) -> None:
+    exe = shutil.which("debootstrap") or ("/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)
+    if exe is None:
+        raise ImageError("building the SWE-bench base image needs debootstrap (apt-get install -y debootstrap), "
+                         "or the official instance images in the local docker")
+    if os.geteuid() != 0:
+        raise ImageError("debootstrap needs root to build the SWE-bench base image (or pre-build the official "
+                         "instance images with the swebench package)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="polar-debootstrap-", dir=dest.parent) as tmp:
+        root = Path(tmp) / "root"
+        proc = subprocess.run([exe, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root),
+                               MIRROR], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageError(f"debootstrap failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
+        # Downloaded .debs and package lists: half the size, no use in a test image.
+        for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for p in (root / d).glob("*"):
+                if p.is_file():
+                    p.unlink()
+        part = Path(tmp) / "base.tar.gz"
+        proc = subprocess.run(f"tar --numeric-owner -C {root} -cf - . | gzip -1 > {part}", shell=True,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageError(f"packing the Debian root failed: {proc.stderr[-500:]}")
+        part.rename(dest)
