@@ -233,7 +233,9 @@ def fleet_runs(exp: Experiment, node_dir: str = "") -> list[dict]:
     base = exp.path.parent
     try:
         if "tasks" in r:
-            tasks = load_tasks(_resolve(base, r["tasks"]))
+            swe = is_swebench_spec(r["tasks"])  # swebench:FILE, as _check_rollout reads it
+            path = _resolve(base, r["tasks"][len(PREFIX):] if swe else r["tasks"])
+            tasks = load_instances(path) if swe else load_tasks(path)
         else:
             tasks = load_swebench(_resolve(base, r["swebench"]), _resolve(base, r["repos"]))
     except (TaskError, FileNotFoundError, OSError) as exc:

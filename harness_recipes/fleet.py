@@ -411,6 +411,9 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
         raise
     status = ray.get(queue.status.remote())
     ray.kill(weights)
+    # every node actor has returned or been killed: what is still staged (a log a node staged and
+    # never got to publish, as it died or was fenced) is garbage
+    store.fs.delete_dir_contents(store.path(STAGING), missing_dir_ok=True)
     shards = recon.finish()
     res = FleetResult(results, lost, status, time.monotonic() - t0, shards)
     store.put_json("rollout/fleet.json", {"nodes": results, "lost": lost, "queue": status, "seconds": res.seconds,

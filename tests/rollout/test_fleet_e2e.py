@@ -151,7 +151,7 @@ def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
     from harness_recipes.tasks import load_tasks
 
     recipe = fake_recipe(tmp_path, ["chat", "1", "sleep", "1.5"], name="fleetkill", via="path")
-    n_tasks = 8
+    n_tasks = 12  # enough that the victim has published one and runs another before the others finish
     tasks = load_tasks(write_tasks(tmp_path, n=n_tasks))
     store_uri = f"file://{tmp_path}/store"
     store = Store(store_uri)
