@@ -33,6 +33,23 @@ from .swebench import is_swebench_spec, load_instances
 from .tasks import TaskError, load_swebench, load_tasks
 
 
+def task_options(f):
+    """The task options `run` and `fleet` share (the same task files on one machine or a fleet)."""
+    for opt in reversed([
+        click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, "
+                     "Parquet, or a datasets dataset saved to disk)"),
+        click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)"),
+        click.option("--repos", type=click.Path(file_okay=False),
+                     help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)"),
+        click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these ids"),
+        click.option("--limit", default=None, type=click.IntRange(1),
+                     help="with --tasks swebench:FILE: the first N instances"),
+        click.option("--samples", default=1, show_default=True, type=click.IntRange(1),
+                     help="episodes per task (GRPO group)")]):
+        f = opt(f)
+    return f
+
+
 @click.group()
 def main() -> None:
     """Polar's rollout node: harness recipes, runtimes, the pipelined episode runner."""
@@ -40,14 +57,7 @@ def main() -> None:
 
 @main.command()
 @click.option("--recipe", required=True, help="recipe file or bundled name (pi, qwen-code, codex, claude-code, ...)")
-@click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, Parquet, "
-              "or a datasets dataset saved to disk)")
-@click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
-@click.option("--repos", type=click.Path(file_okay=False),
-              help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)")
-@click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these instance ids")
-@click.option("--limit", default=None, type=click.IntRange(1), help="with --tasks swebench:FILE: the first N instances")
-@click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
+@task_options
 @click.option("--proxy", required=True, help="capture proxy URL, e.g. http://127.0.0.1:8080")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
@@ -107,14 +117,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
                                               "(without it: run the plan's fleets, one per harness; --local N to try "
                                               "it on this machine)")
 @click.option("--recipe", help="recipe file or bundled name (the same on every node)")
-@click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, Parquet, "
-              "or a datasets dataset saved to disk)")
-@click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)")
-@click.option("--repos", type=click.Path(file_okay=False),
-              help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)")
-@click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these instance ids")
-@click.option("--limit", default=None, type=click.IntRange(1), help="with --tasks swebench:FILE: the first N instances")
-@click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="episodes per task (GRPO group)")
+@task_options
 @click.option("--server", help="the inference server every node's proxies forward to")
 @click.option("--store", help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
                                              "rollout records, shards")

@@ -89,3 +89,15 @@ def write_tasks(tmp_path: Path, timeout: float = 30, n: int = 1) -> Path:
     p = tmp_path / "tasks.jsonl"
     p.write_text("\n".join(lines) + "\n")
     return p
+
+
+@pytest.fixture(scope="module")
+def docker_runtime_cls():
+    """The docker runtime class, once a Docker engine answers (`make test` starts a quiet dockerd:
+    .ci/with-dockerd.sh); else the test is skipped saying why (a failure under POLAR_NO_SKIP=1)."""
+    try:
+        from harness_recipes.runtimes.docker import DockerRuntime, _client
+        _client()
+    except RuntimeError as e:
+        pytest.skip(f"dockerd not reachable, the docker runtime is not tested here: {e}")
+    return DockerRuntime

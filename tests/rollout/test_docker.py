@@ -5,8 +5,6 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import pytest
-
 from harness_recipes import episode as ep
 from harness_recipes.recipe import load_recipe
 from harness_recipes.records import Records
@@ -14,16 +12,6 @@ from harness_recipes.scheduler import Limits, Pipeline
 from harness_recipes.tasks import load_tasks
 
 from .conftest import FAKE, fake_recipe, write_tasks
-
-
-@pytest.fixture(scope="module")
-def docker_runtime_cls():
-    try:
-        from harness_recipes.runtimes.docker import DockerRuntime, _client
-        _client()
-    except RuntimeError as e:
-        pytest.skip(f"dockerd not reachable, docker runtime not tested here: {e}")
-    return DockerRuntime
 
 
 def run_docker(tmp_path, monkeypatch, end_server, runtime_cls, argv, timeout=30, n=1):

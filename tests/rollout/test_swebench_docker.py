@@ -15,8 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from harness_recipes import episode as ep
 from harness_recipes.recipe import load_recipe
 from harness_recipes.records import Records
@@ -29,16 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "data" / "swebench" / "mini.jsonl"
 INFLECTION = "jpvanhal__inflection-ordinal-thirteen"
 FIX = ["fix", "inflection/__init__.py", "number % 100 in (11, 12):", "number % 100 in (11, 12, 13):"]
-
-
-@pytest.fixture(scope="module")
-def docker_runtime_cls():
-    try:
-        from harness_recipes.runtimes.docker import DockerRuntime, _client
-        _client()
-    except RuntimeError as e:
-        pytest.skip(f"dockerd not reachable, SWE-bench images not tested here: {e}")
-    return DockerRuntime
 
 
 def inflection():

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from harness_recipes.install import ensure_installed
 from harness_recipes.recipe import load_recipe
 from harness_recipes.stack import capture_proxy, serve
@@ -24,16 +22,7 @@ DATA = ROOT / "data" / "swebench"
 INSTANCE = "jpvanhal__inflection-ordinal-thirteen"
 
 
-@pytest.fixture(scope="module")
-def docker_ok():
-    from harness_recipes.runtimes.docker import _client
-    try:
-        _client()
-    except RuntimeError as e:
-        pytest.skip(f"dockerd not reachable, SWE-bench images not tested here: {e}")
-
-
-def test_codex_solves_a_swebench_instance_in_its_image(docker_ok, tmp_path):
+def test_codex_solves_a_swebench_instance_in_its_image(docker_runtime_cls, tmp_path):
     from tests.support.servers import tiny_model_dir
     ensure_installed(load_recipe("codex"))
     logdir, out = tmp_path / "logs", tmp_path / "out"
