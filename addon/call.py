@@ -11,10 +11,11 @@ from typing import Any
 
 import orjson
 
+import addon.applied_sampling as sampling_rules
+from addon.server_dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
+
 from . import chat, completions
-from . import sampling as sampling_rules
 from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
-from .dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
 from .jsonhead import request_head
 from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
 from .stream import StreamFilter, TranslatedStream
@@ -379,7 +380,7 @@ WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 def weight_version(call: CapturedCall, notes: list[str]) -> str | None:
     """The policy version that generated this call. A call in flight while the proxy had the server
-    load new weights carries the spanning marker (polar_recon.weight_versions), whatever the server
+    load new weights carries the spanning marker (polar_contracts.weight_versions), whatever the server
     says. Otherwise the server's own word wins: SGLang's ``meta_info.weight_version`` (per request),
     then polar-serve's header; else the version the proxy's sync history gives (weight_gate.Ticket:
     learned from the server at first contact, then each sync through the proxy; vLLM's chat answers

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .dialects import Plan
+from addon.server_dialects import Plan
 
 
 def dumps_like_python(obj: Any) -> bytes:

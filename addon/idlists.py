@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from polar_recon.prefix import common_prefix
+from polar_contracts.prefix import common_prefix
 
 from .jsonhead import int_list
 

@@ -26,16 +26,15 @@ except ImportError as exc:  # loaded by path (mitmdump -s) in a Python where the
 from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
-from addon.dialects import DIALECTS, dialect_from_models
-from addon.episodes import MAX_OPEN, EpisodeFinished, Episodes
+from addon.applied_sampling import GenerationConfigError, load_generation_config
 from addon.idlists import PromptCache
 from addon.logprobs_probe import PROBE_TIMEOUT, ModeCache, probe_upstream
 from addon.mitmproxy_patches import FastDispatch, Tuning
+from addon.open_logs import MAX_OPEN, EpisodeFinished, Episodes
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
-from addon.sampling import GenerationConfigError, load_generation_config
+from addon.server_dialects import DIALECTS, dialect_from_models
 from addon.server_weights import KINDS as SERVER_KINDS
-from addon.translate import TranslationError, translator_for
 from addon.weight_hold import ENDPOINTS as WEIGHT_ENDPOINTS
 from addon.weight_hold import (
     HOLD_PATH,
@@ -48,8 +47,9 @@ from addon.weight_hold import (
     parse_release_body,
     parse_sync_request,
 )
-from polar_recon.logtable import LogError
-from polar_recon.logwriter import warm_up
+from polar_contracts.log.table import LogError
+from polar_contracts.log.writer import warm_up
+from polar_contracts.translate import TranslationError, translator_for
 
 log = logging.getLogger("polar")
 META = "polar_call"

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import unquote_plus
 
-from polar_recon.prefix import shared_ends
+from polar_contracts.prefix import shared_ends
 
 REDACTED = "[redacted]"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from polar_recon.episode_ids import validate_episode_id
+from polar_contracts.episode_ids import validate_episode_id
 
 EPISODE_HEADER = "x-polar-episode"
 PREFIX = "/polar/"

@@ -15,8 +15,9 @@ from typing import Any
 
 import orjson
 
+from addon.server_dialects import strip_response
+
 from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_fast, dumps_like_python, dumps_like_safe, json_style
-from .dialects import strip_response
 from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
 

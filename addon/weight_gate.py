@@ -7,7 +7,7 @@ One gate per upstream server. States:
   calls in flight finish.
 - ``loading`` (after ``load``): the server loads the new weights. Calls still in flight now
   (the drain timed out) have their tickets marked as spanning the old and the new version
-  (polar_recon.weight_versions.spanning): their rows can never be read as one version.
+  (polar_contracts.weight_versions.spanning): their rows can never be read as one version.
 - back to ``serving`` (``release``) with the version the sync ends with: the new one, or after a
   failure the one the server still serves (or an ``unknown:`` marker when the failed load may
   have changed the weights).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polar_recon.weight_versions import spanning
+from polar_contracts.weight_versions import spanning
 
 SERVING, DRAINING, LOADING = "serving", "draining", "loading"
 

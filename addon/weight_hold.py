@@ -10,7 +10,7 @@ calls, answer ``{"weight_version": V, "previous_version", "server_kind", "second
 server still serves; the held calls are released either way. ``GET /polar/@weights``: the
 upstream's kind, version and state.
 
-Several proxies in front of one server (harness_recipes/proxies.py) sync as one: every proxy
+Several proxies in front of one server (harness_recipes/node/proxies.py) sync as one: every proxy
 but one gets ``POST /polar/@weights/hold`` ``{"version": V, "lease_s": S}`` (hold, drain, then
 count as loading: calls still in flight span), the remaining one the ordinary sync above with
 ``"peers_drained"`` (so a server whose pause differs for a drained engine is told the truth), and
@@ -31,7 +31,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from polar_recon.weight_versions import VERSION_RE, check_version, is_marker, unknown
+from polar_contracts.weight_versions import VERSION_RE, check_version, is_marker, unknown
 
 from .server_weights import (
     ATOMIC,
@@ -385,7 +385,7 @@ class UpstreamWeights:
         in-place reload is not: a failed one leaves the model's weights unloaded (on the CPU build
         the next forward pass kills the engine: "onednn_mm ... Meta tensors"), so the proxy loads
         the previous weights again (``good_path``) and names them ``before``; when it cannot, an
-        ``unknown:`` marker (polar_recon/weight_versions.py) and an error log say the server may be
+        ``unknown:`` marker (polar_contracts/weight_versions.py) and an error log say the server may be
         unusable."""
         if load_tried and not ATOMIC[self.kind]:
             self._recovery = {"path": self.good_path}

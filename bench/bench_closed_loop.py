@@ -1,5 +1,5 @@
 """The closed loop's ablation matrix: every arm x every seed, real processes end to end
-(harness_recipes/closed_loop.py: polar-serve + mitmdump/addon + polar-recon watch + PolarGRPOTrainer).
+(harness_recipes/demo/closed_loop.py: polar-serve + mitmdump/addon + polar-recon watch + PolarGRPOTrainer).
 
     .venv/bin/python bench/bench_closed_loop.py [--seeds 0 1 2] [--arms real shuffled_rewards ...] [--steps 4]
         [--json OUT.json]
@@ -22,7 +22,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))  # the checkout's, as make
 
-from harness_recipes.closed_loop import ARMS, LoopConfig, run_closed_loop  # noqa: E402 (the project is installed: make install)
+from harness_recipes.demo.closed_loop import ARMS, LoopConfig, run_closed_loop  # noqa: E402 (the project is installed: make install)
 
 
 def main(argv=None) -> list[dict]:

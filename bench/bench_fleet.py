@@ -73,7 +73,7 @@ argv = ["${{bin}}", {args}]
 
 
 def workload(d: Path, n: int, delay: float) -> tuple[Path, Path]:
-    from polar_recon.assets import data_path
+    from polar_contracts.assets import data_path
     repo = data_path("tasks", "repos", "fix_add")
     tasks = [{"id": f"add{i}", "workspace": str(repo), "prompt": "fix calc.py", "timeout": 120, "eval_timeout": 60,
               "eval": "git checkout -q HEAD -- test_calc.py && python3 -m unittest -q test_calc"} for i in range(n)]
@@ -106,10 +106,10 @@ def rollout_cmd(args, tasks: Path, rec: Path, model: str) -> list[str]:
 
 def run_plain(args, tasks, rec, model, server_url, base: Path) -> dict:
     """`polar-rollout run` through one capture proxy (the baseline)."""
-    from harness_recipes.stack import capture_proxy
+    from harness_recipes.node.local_stack import capture_proxy
     logdir, out = base / "run" / "logs", base / "run" / "out"
     with capture_proxy(server_url, logdir) as proxy:
-        cmd = [sys.executable, "-m", "harness_recipes.rollout", "run", *rollout_cmd(args, tasks, rec, model),
+        cmd = [sys.executable, "-m", "harness_recipes.cli", "run", *rollout_cmd(args, tasks, rec, model),
                "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--recon", "none"]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
@@ -157,9 +157,9 @@ class ShardWatcher:
 
 
 def run_fleet(args, n: int, tasks, rec, model, server_url, base: Path) -> dict:
-    from harness_recipes.store import Store
+    from harness_recipes.fleet.store import Store
     store_dir = base / f"fleet-{n}" / "store"
-    cmd = [sys.executable, "-m", "harness_recipes.rollout", "fleet", *rollout_cmd(args, tasks, rec, model),
+    cmd = [sys.executable, "-m", "harness_recipes.cli", "fleet", *rollout_cmd(args, tasks, rec, model),
            "--server", server_url, "--store", f"file://{store_dir}", "--local", str(n), "--proxies-per-node", "1",
            "--node-dir", str(base / f"fleet-{n}" / "nodes")]
     with ShardWatcher(store_dir / "shards") as watch:
@@ -198,7 +198,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=BENCH / "results" / "fleet.json")
     args = ap.parse_args()
     from harness_recipes.cache import tiny_model
-    from harness_recipes.stack import serve
+    from harness_recipes.node.local_stack import serve
 
     base = Path(tempfile.mkdtemp(prefix="polar-bench-fleet-"))
     results = {}

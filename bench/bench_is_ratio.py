@@ -1,5 +1,5 @@
 """Importance-sampling ratios on the real vLLM with Qwen3's default sampling: full-softmax pi_old (what
-TRL computes) vs the truncation-aware pi_old (trainer/sampling.py), side by side on the same rows.
+TRL computes) vs the truncation-aware pi_old (trainer/behaviour_logprobs.py), side by side on the same rows.
 
     .venv/bin/python bench/bench_is_ratio.py [--vllm-url URL] [--groups 8] [--group-size 4] [--max-tokens 16]
 
@@ -38,7 +38,7 @@ def post(url: str, path: str, body: dict, headers: dict | None = None) -> dict:
 
 
 def collect(upstream: str, model_dir: Path, work: Path, groups: int, g: int, max_tokens: int) -> Path:
-    from harness_recipes.stack import capture_proxy
+    from harness_recipes.node.local_stack import capture_proxy
     from polar_recon.build import Options, build
 
     with capture_proxy(upstream, work / "logs", sets={"polar_generation_config": str(model_dir)}) as px:
@@ -74,7 +74,7 @@ def measure(shards: Path, model_dir: Path, g: int, groups: int, work: Path) -> d
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
 
     class Measuring(PolarGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
     import torch
 
     from harness_recipes.cache import tiny_model
-    from harness_recipes.stack import VLLM_FLAGS, vllm
+    from harness_recipes.node.local_stack import VLLM_FLAGS, vllm
 
     torch.set_num_threads(a.threads)
     model_dir = tiny_model()

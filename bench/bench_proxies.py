@@ -1,4 +1,4 @@
-"""Several capture proxies per node (harness_recipes/proxies.py): K=1 vs K=2 side by side at 64, 256
+"""Several capture proxies per node (harness_recipes/node/proxies.py): K=1 vs K=2 side by side at 64, 256
 and 512 concurrent streaming episodes, each episode's calls sent to its proxy by its id.
 
     .venv/bin/python bench/bench_proxies.py                 # the issue's counts (several minutes)
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
-from harness_recipes.procs import free_port, running
-from harness_recipes.proxies import proxy_pool
+from harness_recipes.node.processes import free_port, running
+from harness_recipes.node.proxies import proxy_pool
 from polar_recon import read_episode
 
 BENCH = Path(__file__).resolve().parent

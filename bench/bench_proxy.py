@@ -43,10 +43,10 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from harness_recipes.procs import free_port, running
-from harness_recipes.stack import addon_script, mitmdump
+from harness_recipes.node.local_stack import addon_script, mitmdump
+from harness_recipes.node.processes import free_port, running
+from polar_contracts.assets import QWEN3_TOKENIZER
 from polar_recon import read_episode
-from polar_recon.assets import QWEN3_TOKENIZER
 
 BENCH = Path(__file__).resolve().parent
 QWEN = BENCH.parent / "tests" / "fixtures" / "harness-requests" / "qwen-code.jsonl"
@@ -385,7 +385,7 @@ def qwen_code_bodies(max_tokens: int, stream: bool, model: str) -> list[dict]:
 
 async def real_vllm_phase(paths: dict, stream: bool, n: int, max_tokens: int, model: str) -> dict:
     """n rounds; each round one call per path (the order rotating), the same request on every path."""
-    from addon.dialects import plan_request
+    from addon.server_dialects import plan_request
 
     bodies = qwen_code_bodies(max_tokens, stream, model)
     datas = {"plain": [json.dumps(b).encode() for b in bodies],
@@ -420,7 +420,7 @@ def real_vllm_stats(rounds: dict, which: int) -> dict:
 
 def real_vllm_main(args) -> None:
     from harness_recipes.cache import tiny_model
-    from harness_recipes.stack import vllm
+    from harness_recipes.node.local_stack import vllm
 
     model = "polar-model"
     with tempfile.TemporaryDirectory(prefix="polar-bench-vllm-") as tmp, ExitStack() as stack:

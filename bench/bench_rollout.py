@@ -33,8 +33,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 os.environ.setdefault("POLAR_CACHE", str(BENCH.parent / ".cache"))  # the checkout's cache (harnesses), as make
 
-from harness_recipes.stack import capture_proxy, serve  # noqa: E402
-from polar_recon.assets import data_path  # noqa: E402
+from harness_recipes.node.local_stack import capture_proxy, serve  # noqa: E402
+from polar_contracts.assets import data_path  # noqa: E402
 
 SHELL = {"any_of": ["run_shell_command", "bash", "shell", "exec_command", "Bash"]}
 DELAYS = [0.5, 3.0, 1.0, 2.0, 4.0, 0.5, 1.5, 2.5]  # seconds per generating turn, per task
@@ -73,7 +73,7 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def measure(out: Path, logdir: Path) -> dict:
-    from polar_recon.logreader import read_episode
+    from polar_contracts.log.reader import read_episode
     recs = [json.loads(x) for x in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
     start = min(r["phases"]["prewarm"][0] for r in recs)
     end = max(r["finished_at"] for r in recs)
@@ -90,7 +90,7 @@ def measure(out: Path, logdir: Path) -> dict:
 
 def run_mode(name: str, extra: list[str], args, tasks: Path, proxy: str, base: Path) -> dict:
     out, logdir = base / name / "out", base / name / "logs"
-    cmd = [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", args.harness, "--tasks", str(tasks),
+    cmd = [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", args.harness, "--tasks", str(tasks),
            "--proxy", proxy, "--logdir", str(logdir), "--out", str(out), "--runtime", args.runtime,
            "--recon", "none", "--no-progress", *extra]
     t0 = time.monotonic()
@@ -112,8 +112,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=BENCH / "results" / "rollout.json")
     args = ap.parse_args()
     from harness_recipes.cache import tiny_model
-    from harness_recipes.install import ensure_installed
-    from harness_recipes.recipe import load_recipe
+    from harness_recipes.recipes.install import ensure_installed
+    from harness_recipes.recipes.recipe import load_recipe
     ensure_installed(load_recipe(args.harness))
     base = Path(tempfile.mkdtemp(prefix="polar-bench-rollout-"))
     try:

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("POLAR_CACHE", str(REPO / ".cache"))  # the checkout's cache, as `make` and the tests use
 
 from harness_recipes.cache import tiny_model  # noqa: E402
-from harness_recipes.stack import serve  # noqa: E402
+from harness_recipes.node.local_stack import serve  # noqa: E402
 
 
 def _chat(base, body):

@@ -37,7 +37,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 os.environ.setdefault("POLAR_CACHE", str(ROOT / ".cache"))  # the checkout's cache (harnesses), as make
 
-from harness_recipes.stack import capture_proxy, serve  # noqa: E402
+from harness_recipes.node.local_stack import capture_proxy, serve  # noqa: E402
 
 MINI = ROOT / "data" / "swebench" / "mini.jsonl"
 SCRIPT = ROOT / "data" / "swebench" / "scripts" / "mini.json"
@@ -94,7 +94,7 @@ def measure(out: Path) -> dict:
 def run_mode(name: str, extra: list[str], args, proxy: str, base: Path) -> dict:
     removed = remove_instance_images()
     out, logdir = base / name / "out", base / name / "logs"
-    cmd = [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", "codex", "--tasks", f"swebench:{MINI}",
+    cmd = [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", "codex", "--tasks", f"swebench:{MINI}",
            "--samples", str(args.samples), "--runtime", "docker", "--proxy", proxy, "--logdir", str(logdir),
            "--out", str(out), "--recon", "none", "--no-progress", *extra]
     t0 = time.monotonic()
@@ -113,8 +113,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=BENCH / "results" / "swebench.json")
     args = ap.parse_args()
     from harness_recipes.cache import tiny_model
-    from harness_recipes.install import ensure_installed
-    from harness_recipes.recipe import load_recipe
+    from harness_recipes.recipes.install import ensure_installed
+    from harness_recipes.recipes.recipe import load_recipe
     from harness_recipes.runtimes.docker import _client
     from harness_recipes.runtimes.images import ensure_base
     ensure_installed(load_recipe("codex"))

@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-from addon.translate import translator_for
+from polar_contracts.translate import translator_for
 
 
 def typical_answer(tool_name: str) -> list[dict]:

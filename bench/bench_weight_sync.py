@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 
 from harness_recipes.cache import tiny_model
-from harness_recipes.stack import addon_script, mitmdump, serve, vllm
-from harness_recipes.weights import perturbed_copy
+from harness_recipes.demo.weights import perturbed_copy
+from harness_recipes.node.local_stack import addon_script, mitmdump, serve, vllm
 
 # vLLM registers its RL and dev routes (/weight_info, /pause, /collective_rpc, ...) only with this
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}

@@ -4,5 +4,5 @@
     tasks/              sample tasks (tasks.jsonl, toy repos, the demo's reply script)
     scripts/            polar-serve reply scripts
 
-Find a file with `polar_recon.assets.data_path("tokenizers", "qwen3")`.
+Find a file with `polar_contracts.assets.data_path("tokenizers", "qwen3")`.
 """

@@ -1,24 +1,20 @@
-"""Token-faithful reconstruction of training sequences from Polar episode logs; the base package.
+"""Token-faithful reconstruction of training sequences from Polar episode logs.
 
-Everything the other parts share lives here: the episode log format (logschema, logtable, the
-writer logwriter, the reader logreader), the episode id rule (episode_ids), the shard contract
-(shards), the chat rendering rules the servers apply (chat_render) and the bundled data (assets).
-
-The names below are loaded on first use, so a process that imports only the writer (the capture
-proxy) never imports polars.
+``polar-recon build LOGDIR OUT`` (cli.py): read each episode log, link its calls into sequences
+(strategies.py, link.py, rerender.py, fidelity.py), write shards (shard_writer.py); ``drift``,
+``show`` and the HTML view report on them. The log and shard formats themselves are contracts and
+live in polar_contracts; ``polar_recon.read_log`` and the other names below are the same objects,
+kept here because users and tools know them by these names.
 """
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
-    "EpisodeLog": "logreader", "read_episode": "logreader", "read_log": "logreader",
-    "EpisodeWriter": "logwriter", "LogError": "logtable", "validate_episode_id": "episode_ids",
-}
+_EXPORTS = ("EpisodeLog", "read_episode", "read_log", "EpisodeWriter", "LogError", "validate_episode_id")
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        return getattr(importlib.import_module("polar_contracts"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

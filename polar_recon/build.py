@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .episodes import EpisodeHead, list_logs, read_calls, read_head
+from polar_contracts.log.arrays import EpisodeHead, list_logs, read_calls, read_head
+from polar_contracts.log.table import LogError
+from polar_recon.shard_writer import GroupRows, Manifest, ShardWriter
+
 from .fidelity import check_sequences
 from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .logtable import LogError
-from .shards import GroupRows, Manifest, ShardWriter
 from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
 
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
+from polar_contracts.log.arrays import read_calls
+from polar_contracts.log.table import LogError
+from polar_recon.shard_writer import ManifestError
+
 from .build import Options, Report, RewardsError, load_rewards, model_max_len
 from .build import build as build_shards
 from .build import watch as watch_shards
-from .episodes import read_calls
 from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .logtable import LogError
-from .shards import ManifestError
 from .strategies import STRATEGIES
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .episodes import Call, Episode
+from polar_contracts.log.arrays import Call, Episode
+
 from .link import Alignment, TurnMarkers, align
 
 # why a sampled completion is not trained (manifest `excluded_calls`, report); a stable set of keys

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .episodes import Episode
+from polar_contracts.log.arrays import Episode
+
 from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, TurnMarkers, link_calls, segments
 from .report import inspect_rows
 from .strategies import token_sequences

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .assets import QWEN3_TOKENIZER
-from .episodes import Call
-from .prefix import common_prefix
+from polar_contracts.assets import QWEN3_TOKENIZER
+from polar_contracts.log.arrays import Call
+from polar_contracts.prefix import common_prefix
+
 from .rerender import classify
 
 CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"

@@ -14,12 +14,13 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from .episodes import Episode, list_logs, read_calls
+from polar_contracts.log.arrays import Episode, list_logs, read_calls
+from polar_contracts.log.table import LogError
+from polar_contracts.prefix import common_prefix
+from polar_contracts.shards import MANIFEST
+from polar_recon.shard_writer import list_shards
+
 from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
-from .logtable import LogError
-from .prefix import common_prefix
-from .shard_files import MANIFEST
-from .shards import list_shards
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
 
 # ---------------------------------------------------------------------------------------------

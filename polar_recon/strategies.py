@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .chat_render import RequestError, render_rules, render_text
-from .episodes import Call, Episode
+from polar_contracts.chat.render import RequestError, render_rules, render_text
+from polar_contracts.log.arrays import Call, Episode
+from polar_contracts.sampling_fields import combine
+from polar_contracts.translate import messages_to_chat, responses_to_chat
+from polar_contracts.weight_versions import is_marker
+
 from .fidelity import context_alignment, reason_of, span_tokens
 from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Alignment, Node, TurnMarkers, link_calls, segments
-from .sampling import combine
-from .weight_versions import is_marker
 
 STRATEGIES = ("token", "per-call", "retokenize")
 
@@ -77,7 +78,7 @@ def chain_sampling(calls: list[Call]) -> dict:
 
 def oldest_version(versions: list[str | None]) -> str | None:
     """The oldest weight version of a sequence's calls (in call order). A call that names no single
-    version (null: unknown; a ``spans:`` or ``unknown:`` marker, polar_recon/weight_versions.py)
+    version (null: unknown; a ``spans:`` or ``unknown:`` marker, polar_contracts/weight_versions.py)
     gives the sequence that value: its staleness cannot be bounded, so the trainer must not read
     the row as one version. Otherwise numeric order when all are numbers (polar-serve's reload
     counters), else the first call's (calls come in order, and versions only move forward)."""
@@ -332,21 +333,14 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
 # Responses / Messages requests as the chat request the proxy sent upstream
 
 
-TRANSLATORS_GROUP = "polar.request_to_chat"
-
-
 def as_chat_request(request: dict[str, Any], api: str | None) -> dict[str, Any]:
     """The chat-completions body the server rendered. Responses and Messages requests go through
-    the capture addon's own translators, found as entry points (group `polar.request_to_chat`,
-    one per api) so that reconstruction renders exactly what the proxy sent without importing
-    the addon (imports run one way: polar_recon is the base)."""
+    the translators the capture proxy runs (polar_contracts.translate), so reconstruction renders
+    exactly what the proxy sent upstream."""
     if api not in ("responses", "messages"):
         return request
-    found = [ep for ep in entry_points(group=TRANSLATORS_GROUP) if ep.name == api]
-    if not found:
-        raise ReconError(f"no translator for {api!r} requests is installed (entry point group "
-                         f"{TRANSLATORS_GROUP!r}; the polar package provides it)")
+    to_chat = responses_to_chat if api == "responses" else messages_to_chat
     try:
-        return found[0].load()(request)
+        return to_chat(request)
     except ValueError as exc:
         raise ReconError(f"{api} request cannot be translated to chat: {exc}") from exc

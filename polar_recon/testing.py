@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .assets import QWEN3_TOKENIZER
-from .logwriter import EpisodeWriter
-from .shard_files import shard_name, shard_temp_name
+from polar_contracts.assets import QWEN3_TOKENIZER
+from polar_contracts.log.writer import EpisodeWriter
+from polar_contracts.shards import shard_name, shard_temp_name
 
 TOKENIZER_DIR = QWEN3_TOKENIZER
 
@@ -261,10 +261,10 @@ def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: in
         realign_classes: list[str] | None = None, termination: str | None = None, **sampling: Any) -> dict:
     """A shard row of `seq` (a dict with input_ids, loss_mask, logprobs, prompt_len[, n_calls]).
     ``sampling``: any of the sampling columns (``temperature``, ``top_p``, ``top_k``, ``min_p``,
-    ``logprobs_mode``, ``sampling_unsupported``; see polar_recon/sampling.py); a row sets only those given.
+    ``logprobs_mode``, ``sampling_unsupported``; see polar_contracts/sampling_fields.py); a row sets only those given.
     ``realign_tokens``, ``realign_classes``, ``termination``: the fidelity columns (shards.py), set
     only when given (a row without them reads as a shard of an older build)."""
-    from .sampling import COLUMNS
+    from polar_contracts.sampling_fields import COLUMNS
 
     unknown = sampling.keys() - set(COLUMNS)
     if unknown:
@@ -281,13 +281,13 @@ def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: in
 
 def write_shard(out_dir, seq_no: int, rows: list[dict], filesystem=None) -> str:
     """Write shard `seq_no` to a temporary name, then rename: exactly what polar-recon does. The
-    schema is the contract's (polar_recon.shards.SHARD_SCHEMA; a key a row lacks is null), without
+    schema is the contract's (polar_recon.shard_writer.SHARD_SCHEMA; a key a row lacks is null), without
     the sampling columns (``temperature``, ``top_p``, ...) that no row has (``row`` sets only those
     it is given), as a shard of an older build. Returns the name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .shards import FIDELITY_FIELDS, SAMPLING_FIELDS, SHARD_SCHEMA
+    from polar_recon.shard_writer import FIDELITY_FIELDS, SAMPLING_FIELDS, SHARD_SCHEMA
 
     schema = SHARD_SCHEMA
     for c in (*SAMPLING_FIELDS, *FIDELITY_FIELDS):

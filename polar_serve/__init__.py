@@ -5,7 +5,7 @@
 
 Modules (protocol logic is sans-IO; the aiohttp handlers are in app.py, plus SGLang's native
 /generate and /get_model_info in dialect_sglang.py; cli.py is the command line):
-- tiny.py          builds the tiny model (deterministic per seed; the tokenizer from polar_recon.assets)
+- tiny.py          builds the tiny model (deterministic per seed; the tokenizer from polar_contracts.assets)
 - model.py         loading, fast Qwen3 forward with a prefix-reusing KV cache, sampling, teacher forcing
 - engine.py        one worker thread runs jobs in order; tokens stream back to asyncio as produced
 - params.py        request -> sampling parameters (generation_config defaults, validation messages)
@@ -17,7 +17,7 @@ Modules (protocol logic is sans-IO; the aiohttp handlers are in app.py, plus SGL
                    JSON of answers, stream chunks and errors; dialects.py names them for --dialect
 - script.py        scripted mode (format documented there; example data/scripts/create_hello.json)
 - app.py           aiohttp routes
-Chat-template input (exactly as each server prepares it) is polar_recon.chat_render, shared with
+Chat-template input (exactly as each server prepares it) is polar_contracts.chat.render, shared with
 reconstruction.
 
 SGLang dialect sampling: logprobs as SGLang 0.5.23's sampler reports them (sglang/srt/layers/
@@ -42,7 +42,7 @@ What polar-serve knowingly does differently (vLLM dialect):
   renormalised: model.process_logits, checked against vLLM's own Sampler in
   tests/serve/test_logprobs_modes.py); `--generation-config auto|vllm|DIR` (unset sampling fields
   take the model's generation_config.json defaults, as vLLM's `auto`). The project runs both
-  servers processed (harness_recipes/stack.py). Penalties, logit_bias and structured outputs are
+  servers processed (harness_recipes/node/local_stack.py). Penalties, logit_bias and structured outputs are
   not implemented (a model default repetition_penalty is not applied either).
 - Sampling with temperature > 0 draws from its own torch generator: same distribution, other draws.
 - n > 1 streams interleave strictly one token per choice in turn; the real server's cross-choice

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from polar_recon.chat_render import RequestError, render_chat
+from polar_contracts.chat.render import RequestError, render_chat
+from polar_serve.dialect_base import Dialect
 
-from .dialect import Dialect
 from .engine import Engine, Job
 from .generation import GenerationResult, chat_request, collect_result, completion_request
 from .model import ServedModel

@@ -34,10 +34,10 @@ import time
 
 from aiohttp import web
 
-from polar_recon.chat_render import SGLANG_RENDER, RequestError
+from polar_contracts.chat.render import SGLANG_RENDER, RequestError
+from polar_serve.dialect_base import Dialect, hex_id
 
 from . import parsers
-from .dialect import Dialect, hex_id
 from .engine import Job
 from .generation import (
     GenerationRequest,

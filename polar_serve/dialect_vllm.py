@@ -33,10 +33,10 @@ import json
 import uuid
 from pathlib import Path
 
-from polar_recon.chat_render import VLLM_RENDER, RequestError
+from polar_contracts.chat.render import VLLM_RENDER, RequestError
+from polar_serve.dialect_base import Dialect
 
 from . import parsers
-from .dialect import Dialect
 from .generation import GenerationRequest, GenerationResult, new_stream_parser, parse_result
 from .model import LOGPROB_FLOOR
 

@@ -1,7 +1,8 @@
 """The dialects polar-serve speaks, by the name `--dialect` takes."""
 from __future__ import annotations
 
-from .dialect import Dialect
+from polar_serve.dialect_base import Dialect
+
 from .dialect_sglang import SGLang
 from .dialect_vllm import VLLM
 

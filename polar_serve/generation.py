@@ -12,9 +12,9 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from polar_recon.chat_render import RequestError, render_chat, thinking_enabled
+from polar_contracts.chat.render import RequestError, render_chat, thinking_enabled
+from polar_serve.dialect_base import Dialect
 
-from .dialect import Dialect
 from .engine import Event, Job
 from .model import TokenStep
 from .params import sampling_params, stop_list

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from polar_recon.prefix import common_prefix
+from polar_contracts.prefix import common_prefix
 
 LOGPROB_FLOOR = -9999.0
 _PREFILL_CHUNK = 1024

@@ -6,7 +6,7 @@ generation_config > OpenAI defaults").
 """
 from __future__ import annotations
 
-from polar_recon.chat_render import RequestError
+from polar_contracts.chat.render import RequestError
 
 from .model import SamplingParams
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_recon.chat_render import RequestError
+from polar_contracts.chat.render import RequestError
 
 ALIASES = {"command": ("cmd",), "cmd": ("command",)}
 TURN_MODES = ("assistant_after_last_user", "assistant_total", "tool_results")

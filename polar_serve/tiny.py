@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from polar_recon.assets import QWEN3_TOKENIZER
+from polar_contracts.assets import QWEN3_TOKENIZER
 
 # The real tokenizer is bundled data (polar_data, copied from Qwen/Qwen3-0.6B: see its PROVENANCE.md).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "LICENSE", "PROVENANCE.md")

@@ -21,8 +21,8 @@ if os.environ.get("CI"):
     _hypothesis_settings.load_profile("ci")
 
 from harness_recipes.cache import vllm_python  # noqa: E402
-from harness_recipes.forced_replies import vllm_plugin_args, vllm_plugin_env  # noqa: E402
-from harness_recipes.stack import vllm  # noqa: E402
+from harness_recipes.demo.forced_replies import vllm_plugin_args, vllm_plugin_env  # noqa: E402
+from harness_recipes.node.local_stack import vllm  # noqa: E402
 from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
 # The name the real vLLM serves the tiny model under in the suite, and the flags it starts with
@@ -31,7 +31,7 @@ from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 # session, so every test that needs flags of its own adds them here rather than starting another
 # (40-100 s and 3.2 GB each).
 VLLM_MODEL_NAME = "polar-model"
-# The ForcedReply logits processor (harness_recipes/forced_replies.py): a no-op for requests without
+# The ForcedReply logits processor (harness_recipes/demo/forced_replies.py): a no-op for requests without
 # `vllm_xargs.polar_forced`, so every other test sees plain vLLM; tests/vllm/test_harness_vllm.py
 # scripts the harnesses through it. VLLM_ENV: what vLLM's environment needs to import it.
 VLLM_EXTRA_ARGS: list[str] = [*vllm_plugin_args()]

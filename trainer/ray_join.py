@@ -6,7 +6,7 @@ does the same. A fleet driver or a trainer given a wrong address should say so i
 address is resolved as Ray resolves it (RAY_ADDRESS, then the last cluster started on this host)
 and its GCS port is probed with a plain TCP connect before Ray is asked to join.
 
-Used by ``polar-rollout fleet --ray-address`` (harness_recipes/fleet.py) and the trainer's
+Used by ``polar-rollout fleet --ray-address`` (harness_recipes/fleet/driver.py) and the trainer's
 ``sync_mode=fleet`` (weight_sync.py). Ray is imported only when called.
 """
 from __future__ import annotations

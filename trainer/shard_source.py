@@ -1,6 +1,6 @@
 """Tail a shard directory for complete GRPO groups, in landing order, with a resumable cursor.
 
-The shard contract (polar-recon writes, the trainer reads; names in polar_recon/shard_files.py):
+The shard contract (polar-recon writes, the trainer reads; names in polar_contracts/shards.py):
 ``OUT/shard-NNNNNN.parquet``, NNNNNN a zero-padded sequence number given in landing order, each file
 written under a temporary name and renamed when complete, one row per training sequence (segment). Anything that does not match
 ``shard-<digits>.parquet`` exactly (``.shard-000001.parquet.tmp``, editor files) is ignored.
@@ -30,7 +30,7 @@ A group's lag is the largest lag of its rows (each row carries the oldest versio
 calls). With ``max_policy_lag`` set, a group is dropped when its lag exceeds it (``policy_lag``),
 when a row's version is null, an ``unknown:`` marker or outside the order (``unknown_version``:
 its staleness cannot be bounded), or when a row's call was in flight across a sync (``spans:``
-marker, polar_recon/weight_versions.py: ``spans_versions``). Every drop is counted by reason and
+marker, polar_contracts/weight_versions.py: ``spans_versions``). Every drop is counted by reason and
 logged.
 
 Ranks (several training processes, e.g. ``accelerate launch``): TRL calls ``rollout_func`` on every
@@ -65,8 +65,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from polar_recon.shard_files import shard_seq
-from polar_recon.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX
+from polar_contracts.shards import shard_seq
+from polar_contracts.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None) -> 
 
 MODES = ("polar", "proxy", "vllm_lora", "fleet")
 PROXY_SYNC_PATH = "/polar/@weights"  # addon/weight_hold.py (the trainer does not import the addon)
-# harness_recipes/fleet.py's named coordinator (imports run one way: the names, not the module)
+# harness_recipes/fleet/driver.py's named coordinator (imports run one way: the names, not the module)
 FLEET_WEIGHTS_ACTOR, FLEET_NAMESPACE = "polar-fleet-weights", "polar"
 
 
@@ -119,7 +119,7 @@ def _fleet_coordinator(address: str):
 
 def fleet_sync(address: str, path: str, version: str, timeout: float = 900.0) -> dict:
     """Have every proxy of every node of the fleet hold while the server loads ``path`` as
-    ``version`` once (harness_recipes/proxies.py coordinate). Returns the coordinator's answer;
+    ``version`` once (harness_recipes/node/proxies.py coordinate). Returns the coordinator's answer;
     WeightSyncError when the sync failed."""
     ray, coord = _fleet_coordinator(address)
     ans = ray.get(coord.sync.remote(path, version), timeout=timeout)

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..tasks import Task
+from harness_recipes.tasks.task_file import Task
 
 OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL

@@ -28,8 +28,9 @@ import time
 import uuid
 from pathlib import Path
 
+from harness_recipes.tasks.task_file import Task
+
 from ..cache import harness_cache
-from ..tasks import Task
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 
 IMAGE = "polar-rollout-base:2"

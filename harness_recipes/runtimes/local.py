@@ -14,7 +14,8 @@ import tempfile
 from importlib.resources import files
 from pathlib import Path
 
-from ..tasks import Task
+from harness_recipes.tasks.task_file import Task
+
 from .base import ExecResult, Runtime, Sandbox, populate_workspace, run_process
 
 

@@ -1,5 +1,5 @@
 """Real processes for the addon's end-to-end tests: mitmdump with the addon, and the fake backend.
-Every process is started and stopped by its pid (never by name) with harness_recipes.procs; each
+Every process is started and stopped by its pid (never by name) with harness_recipes.node.processes; each
 one's output goes to a log file in the test's work directory (named after its port)."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import contextlib
 import sys
 from pathlib import Path
 
-from harness_recipes.procs import Proc, free_port, running
-from harness_recipes.stack import addon_script
-from harness_recipes.stack import mitmdump as _mitmdump
+from harness_recipes.node.local_stack import addon_script
+from harness_recipes.node.local_stack import mitmdump as _mitmdump
+from harness_recipes.node.processes import Proc, free_port, running
 
 __all__ = ["Proc", "fake_backend", "free_port", "mitmdump"]
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from addon import call as calls
 from addon import jsonhead
 from addon.call import add_fields, log_request_text
-from addon.dialects import REQUEST_KEYS, plan_request
 from addon.redact import redact_headers
+from addon.server_dialects import REQUEST_KEYS, plan_request
 
 
 def test_splice_keeps_harness_bytes():
@@ -43,7 +43,7 @@ def test_secrets_redacted_in_log_text():
 def test_translator_notes_from_finish_reach_the_row():
     """A note the translator adds only at finish() (after the request was prepared) is on the row."""
     from addon import call as calls
-    from addon.translate import translator_for
+    from polar_contracts.translate import translator_for
 
     c = calls.CapturedCall("e", 0, "responses", "vllm", 0.0, b"")
     c.translator = translator_for("POST", "/v1/responses")

@@ -4,7 +4,7 @@ import pytest
 
 from addon import chat
 from addon.capture import CallCapture
-from addon.dialects import dialect_from_models, plan_request, strip_response
+from addon.server_dialects import dialect_from_models, plan_request, strip_response
 
 
 def test_auto_detection_from_models_owned_by():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from addon.episodes import EpisodeEnding, EpisodeFinished, Episodes
+from addon.open_logs import EpisodeEnding, EpisodeFinished, Episodes
 from polar_recon import read_episode
 
 

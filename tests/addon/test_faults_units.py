@@ -8,13 +8,14 @@ import pytest
 
 from addon import call as calls
 from addon.capture import dumps_faithful
-from addon.dialects import lax_bool, plan_request
 from addon.redact import credential_values
 from addon.routing import RouteError, parse_end_body
+from addon.server_dialects import plan_request
 from addon.sse import SSEParser
 from addon.stream import serialize_event
-from polar_recon.logtable import read_batches
-from polar_recon.logwriter import EpisodeWriter
+from polar_contracts.log.table import read_batches
+from polar_contracts.log.writer import EpisodeWriter
+from polar_contracts.request_fields import lax_bool
 
 
 @pytest.mark.parametrize("v,want", [(True, True), ("true", True), (1, True), ("YES", True), (1.0, True),
@@ -137,7 +138,7 @@ def test_writer_suspends_reopens_and_marks_a_deleted_file(tmp_path):
 @pytest.mark.parametrize("path,failed,completed", [("/v1/responses", b"response.failed", b"response.completed"),
                                                    ("/v1/messages", b"event: error", b"message_stop")])
 def test_translated_stream_not_recorded_ends_in_the_apis_failure(path, failed, completed):
-    from addon.translate import translator_for
+    from polar_contracts.translate import translator_for
 
     t0 = translator_for("POST", path)
     c = calls.CapturedCall("e", 0, t0.api, "vllm", 0.0, b"")

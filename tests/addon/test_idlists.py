@@ -87,7 +87,7 @@ def test_finish_body_with_cache_logs_the_same_ids(api, dialect):
     """Through call.finish_body: the row's prompt ids and the harness's bytes are the same with
     and without the cache, twice in a row (the second call reuses the first list)."""
     from addon import call as calls
-    from addon.dialects import plan_request
+    from addon.server_dialects import plan_request
 
     prompt = list(range(100000, 103000))
     ch = {"index": 0, "logprobs": None, "finish_reason": "stop"}

@@ -12,7 +12,7 @@ import textwrap
 import urllib.request
 from pathlib import Path
 
-from harness_recipes.procs import free_port, running
+from harness_recipes.node.processes import free_port, running
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "addon" / "polar_addon.py"

@@ -15,7 +15,7 @@ import pytest
 from addon import call as calls
 from addon import chat, completions
 from addon.capture import CallCapture
-from addon.dialects import plan_request, strip_response
+from addon.server_dialects import plan_request, strip_response
 from addon.stream import StreamFilter
 
 HEAD = '{"id":"cmpl-1","object":"text_completion","created":1796163845,"model":"polar-model","choices":['

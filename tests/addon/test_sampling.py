@@ -1,4 +1,4 @@
-"""addon/sampling.py and addon/logprobs_probe.py (sans-IO): the effective sampling a call's server
+"""addon/applied_sampling.py and addon/logprobs_probe.py (sans-IO): the effective sampling a call's server
 applies, the fields the proxy fills in, the reasons a row's sampling cannot be reproduced, and the
 logprobs-mode classifier against the three transforms computed here from random logits."""
 import json
@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from addon import call as calls
-from addon.logprobs_probe import PROBE_TEMPERATURES, ModeCache, ProbeError, classify, probe_body, top_two
-from addon.sampling import (
+from addon.applied_sampling import (
     NEUTRAL,
     UNKNOWN_PENALTIES,
     GenerationConfigError,
@@ -20,7 +19,8 @@ from addon.sampling import (
     load_generation_config,
     resolve,
 )
-from polar_recon.sampling import combine, normalise
+from addon.logprobs_probe import PROBE_TEMPERATURES, ModeCache, ProbeError, classify, probe_body, top_two
+from polar_contracts.sampling_fields import combine, normalise
 
 QWEN3 = ModelDefaults({"temperature": 0.6, "top_k": 20, "top_p": 0.95}, "qwen3")
 
@@ -168,7 +168,7 @@ def test_the_forwarded_request_applies_exactly_what_the_row_records(fields, defa
 
 
 def test_translated_requests_are_resolved_after_translation():
-    from addon.translate import translator_for
+    from polar_contracts.translate import translator_for
 
     c = calls.CapturedCall("e", 0, "messages", "vllm", 0.0, b"")
     c.translator = translator_for("POST", "/v1/messages")

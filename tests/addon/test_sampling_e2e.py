@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from addon.logprobs_probe import probe_upstream
-from harness_recipes.stack import serve
+from harness_recipes.node.local_stack import serve
 from polar_recon import read_log
 from tests.support.servers import tiny_model_dir
 
@@ -115,7 +115,7 @@ def test_the_probe_says_raw_for_polar_serves_default():
 def test_an_unreadable_generation_config_stops_the_proxy_with_a_clear_error(tmp_path):
     import subprocess
 
-    from harness_recipes.stack import addon_script, venv_bin
+    from harness_recipes.node.local_stack import addon_script, venv_bin
 
     r = subprocess.run([venv_bin("mitmdump"), "--listen-host", "127.0.0.1", "--listen-port", "0", "-s",
                         str(addon_script()), "--set", f"polar_logdir={tmp_path / 'logs'}", "--set",

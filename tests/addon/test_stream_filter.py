@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from addon import chat, completions
 from addon.capture import CallCapture, dumps_like
-from addon.dialects import plan_request, strip_response
+from addon.server_dialects import plan_request, strip_response
 from addon.stream import StreamFilter
 
 

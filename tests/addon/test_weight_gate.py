@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from addon.server_weights import Step, check_step, parse_version_answer, sync_steps
 from addon.weight_gate import DRAINING, LOADING, SERVING, GateBusy, WeightGate
 from addon.weight_hold import SyncRequestError, parse_sync_body
-from polar_recon.weight_versions import is_marker, spanning, spans_of
+from polar_contracts.weight_versions import is_marker, spanning, spans_of
 
 OPS = st.lists(st.sampled_from(["call", "finish", "hold", "load", "release_ok", "release_fail"]), max_size=60)
 

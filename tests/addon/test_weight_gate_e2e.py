@@ -16,9 +16,9 @@ import uuid
 import httpx
 import pytest
 
-from harness_recipes.weights import perturbed_copy
+from harness_recipes.demo.weights import perturbed_copy
+from polar_contracts.weight_versions import spanning
 from polar_recon import read_log
-from polar_recon.weight_versions import spanning
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .procs import mitmdump

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from addon.weight_hold import UpstreamWeights
-from polar_recon.weight_versions import UNKNOWN_PREFIX
+from polar_contracts.weight_versions import UNKNOWN_PREFIX
 
 
 class Server:

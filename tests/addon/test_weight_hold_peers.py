@@ -15,7 +15,7 @@ from addon.weight_hold import (
     parse_release_body,
     parse_sync_request,
 )
-from polar_recon.weight_versions import UNKNOWN_PREFIX, spanning
+from polar_contracts.weight_versions import UNKNOWN_PREFIX, spanning
 
 from .test_weight_hold import Server, vllm_table
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.procs import free_port, running
+from harness_recipes.node.processes import free_port, running
 from tests.addon.procs import mitmdump
 
 SCRIPT = Path(__file__).with_name("scripted_upstream.py")

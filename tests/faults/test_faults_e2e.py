@@ -16,9 +16,9 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from polar_contracts.log.arrays import read_head
+from polar_contracts.log.table import read_batches
 from polar_recon import read_log
-from polar_recon.episodes import read_head
-from polar_recon.logtable import read_batches
 
 from .conftest import proxy, scripted
 from .helpers import CHAT, PROMPT, call, chunk, end, ep, good_stream, sse, whole

@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 # package -> the project packages it may import (besides itself)
 ALLOWED = {
     "polar_data": set(),
-    "polar_recon": {"polar_data"},
-    "addon": {"polar_recon"},
-    "polar_serve": {"polar_recon", "polar_data"},
-    "trainer": {"polar_recon", "polar_data"},
-    "harness_recipes": {"polar_recon", "polar_data", "addon", "polar_serve", "trainer"},
+    "polar_contracts": {"polar_data"},
+    "polar_recon": {"polar_contracts", "polar_data"},
+    "addon": {"polar_contracts"},
+    "polar_serve": {"polar_contracts", "polar_data"},
+    "trainer": {"polar_contracts", "polar_data"},
+    "harness_recipes": {"polar_contracts", "polar_recon", "polar_data", "addon", "polar_serve", "trainer"},
 }
 PACKAGE_DIRS = {"polar_data": "data", **{p: p for p in ALLOWED if p != "polar_data"}}
 PROJECT = set(ALLOWED) | {"tests", "bench", "data"}
@@ -83,7 +84,7 @@ def _reaches_outside(tree: ast.AST) -> list[tuple[int, str]]:
                 and node.value.id == "sys":
             hits.append((node.lineno, "touches sys.path"))
         if isinstance(node, ast.Name) and node.id == "__file__":
-            hits.append((node.lineno, "locates files from __file__ (use importlib.resources / polar_recon.assets)"))
+            hits.append((node.lineno, "locates files from __file__ (use importlib.resources / polar_contracts.assets)"))
     return hits
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("addon", "polar_recon", "polar_serve", "trainer", "harness_recipes", "polar_data")
+PACKAGES = ("polar_contracts", "addon", "polar_recon", "polar_serve", "trainer", "harness_recipes", "polar_data")
 
 
 def _run(cmd, cwd, env, timeout=300):
@@ -74,7 +74,7 @@ def test_bundled_recipes_are_listed_and_load(installed):
     venv, work, env = installed
     names = _run([str(venv / "bin" / "polar-rollout"), "recipes"], work, env).split()
     assert {"pi", "qwen-code", "codex", "claude-code"} <= set(names)
-    code = "from harness_recipes.recipe import load_recipe; r = load_recipe('pi'); print(r.name)"
+    code = "from harness_recipes.recipes.recipe import load_recipe; r = load_recipe('pi'); print(r.name)"
     assert _run([str(venv / "bin" / "python"), "-c", code], work, env).strip() == "pi"
 
 

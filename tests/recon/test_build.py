@@ -11,11 +11,11 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from polar_contracts.shards import MANIFEST
 from polar_recon import EpisodeWriter
 from polar_recon.build import Options, build, watch
 from polar_recon.cli import main
-from polar_recon.shard_files import MANIFEST
-from polar_recon.shards import SHARD_SCHEMA
+from polar_recon.shard_writer import SHARD_SCHEMA
 
 from . import logs as L
 
@@ -40,7 +40,7 @@ def make_logdir(d: Path) -> dict:
                                    metadata={"task_id": task, "harness": "tidy" if k == 0 else "qwen-code"},
                                    harness="tidy" if k == 0 else "qwen-code", seed=g * 10 + k)
     L.episode(d, "no-reward", simple, reward=None, metadata={"task_id": "t1"}, harness="tidy")
-    # ended by the rollout after Ctrl-C (harness_recipes/scheduler.py _metadata): a reward, a group,
+    # ended by the rollout after Ctrl-C (harness_recipes/node/scheduler.py _metadata): a reward, a group,
     # complete calls - and still no training signal
     L.episode(d, "discarded", simple, reward=0.0, harness="tidy",
               metadata={"task_id": "t1", "group_id": "t1", "status": "interrupted", "discard": True})
@@ -287,8 +287,8 @@ def test_console_script_runs(tmp_path):
 def test_end_record_scan_agrees_with_read_episode(tmp_path):
     """Grouping reads only message headers and the last batch; it must agree with the full reader,
     on torn, corrupt, unfinished and reopened (concatenated-stream) logs."""
+    from polar_contracts.log.arrays import read_head
     from polar_recon import LogError, read_episode
-    from polar_recon.episodes import read_head
 
     make_logdir(tmp_path)
     w = EpisodeWriter(tmp_path / "re.arrow", "re")
@@ -342,7 +342,7 @@ def test_a_discarded_episode_never_completes_a_group(tmp_path):
 
 
 def test_one_builder_per_out(tmp_path):
-    from polar_recon.shards import Manifest
+    from polar_recon.shard_writer import Manifest
 
     logdir, out = tmp_path / "logs", tmp_path / "out"
     logdir.mkdir()
@@ -407,7 +407,7 @@ def test_shards_carry_the_sampling_the_server_applied(tmp_path):
     """The trainer must compute logprobs under the server's sampling transform: each row carries the
     calls' sampling columns (log schema v3). A log whose rows have none (the proxy could not know,
     or a v2 log) falls back to what the request set; calls that differ give null plus a reason."""
-    from polar_recon.sampling import MIXED, request_params
+    from polar_contracts.sampling_fields import MIXED, request_params
 
     logdir = tmp_path / "logs"
     logdir.mkdir()

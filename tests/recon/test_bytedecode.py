@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from polar_contracts.assets import QWEN3_TOKENIZER
 from polar_recon import bytedecode
-from polar_recon.assets import QWEN3_TOKENIZER
 
 
 @pytest.fixture(scope="module")

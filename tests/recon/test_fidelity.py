@@ -6,12 +6,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from polar_contracts.log.arrays import read_calls
+from polar_contracts.shards import MANIFEST
 from polar_recon.build import Options, build
-from polar_recon.episodes import read_calls
 from polar_recon.fidelity import check_row, check_sequences
 from polar_recon.link import CLEAN, FORK, REALIGN, link_calls
 from polar_recon.rerender import CLASSES, classify
-from polar_recon.shard_files import MANIFEST
 from polar_recon.strategies import per_call_sequences, token_sequences
 
 from . import logs as L

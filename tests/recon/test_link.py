@@ -4,10 +4,10 @@ import json
 import numpy as np
 import pytest
 
+from polar_contracts.log.arrays import read_calls
+from polar_contracts.prefix import common_prefix
 from polar_recon import EpisodeWriter
-from polar_recon.episodes import read_calls
 from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, TurnMarkers, link_calls, segments
-from polar_recon.prefix import common_prefix
 from polar_recon.strategies import per_call_sequences, token_sequences
 
 from . import logs as L

@@ -9,7 +9,7 @@ import os
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from polar_recon.episodes import read_calls
+from polar_contracts.log.arrays import read_calls
 from polar_recon.fidelity import check_sequences
 from polar_recon.link import RETRY, link_calls, segments
 from polar_recon.strategies import token_sequences

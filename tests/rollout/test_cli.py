@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "harness_recipes.rollout", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "harness_recipes.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, **kw)
 
 
@@ -50,7 +50,7 @@ def test_ctrl_c_stops_everything_records_and_resumes(tmp_path, end_server):
     pidfile = tmp_path / "pids"
     tasks = write_tasks(tmp_path, timeout=600, n=2)
     hang = fake_recipe(tmp_path, ["hang", str(pidfile)], name="hang")
-    proc = subprocess.Popen([sys.executable, "-m", "harness_recipes.rollout",
+    proc = subprocess.Popen([sys.executable, "-m", "harness_recipes.cli",
                              *base_args(tmp_path, hang, tasks, end_server.url)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

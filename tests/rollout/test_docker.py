@@ -5,11 +5,11 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from harness_recipes import episode as ep
-from harness_recipes.recipe import load_recipe
-from harness_recipes.records import Records
-from harness_recipes.scheduler import Limits, Pipeline
-from harness_recipes.tasks import load_tasks
+import harness_recipes.node.episode as ep
+from harness_recipes.node.records import Records
+from harness_recipes.node.scheduler import Limits, Pipeline
+from harness_recipes.recipes.recipe import load_recipe
+from harness_recipes.tasks.task_file import load_tasks
 
 from .conftest import FAKE, fake_recipe, write_tasks
 
@@ -57,7 +57,7 @@ def test_docker_hang_times_out_and_container_is_gone(tmp_path, monkeypatch, end_
 
 
 def test_docker_network_none_has_no_route(tmp_path, docker_runtime_cls):
-    from harness_recipes.tasks import Task
+    from harness_recipes.tasks.task_file import Task
 
     async def go():
         rt = docker_runtime_cls(network="none", workdir=str(tmp_path))

@@ -1,4 +1,4 @@
-"""The experiment file (harness_recipes/experiment.py) and `polar-rollout fleet --config FILE --dry-run`:
+"""The experiment file (harness_recipes/fleet/experiment.py) and `polar-rollout fleet --config FILE --dry-run`:
 the bundled paper config checks and plans; each kind of mistake is an error naming the key."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.experiment import ExperimentError, load_experiment, plan, ray_resources
+from harness_recipes.fleet.experiment import ExperimentError, load_experiment, plan, ray_resources
 
 from .test_cli import cli
 
-PAPER = Path(__file__).resolve().parents[2] / "harness_recipes" / "experiments" / "polar-swebench-qwen3.5-4b.toml"
+PAPER = Path(__file__).resolve().parents[2] / "harness_recipes" / "fleet" / "experiments" / "polar-swebench-qwen3.5-4b.toml"
 
 
 def test_the_paper_config_checks_and_plans_one_fleet_per_harness():
@@ -61,7 +61,7 @@ def test_config_runs_one_fleet_per_harness_into_its_own_store(tmp_path):
     after the other, each into <store>/<harness>, a real polar-serve behind the real proxies."""
     import httpx
 
-    from harness_recipes.store import Store
+    from harness_recipes.fleet.store import Store
     from tests.support.servers import polar_serve, tiny_model_dir
 
     from .conftest import fake_recipe, write_tasks
@@ -87,7 +87,7 @@ def test_config_runs_one_fleet_per_harness_into_its_own_store(tmp_path):
             text = text.replace(old, new, 1)
         exp = tmp_path / "exp.toml"
         exp.write_text(text)
-        res = subprocess.run([sys.executable, "-m", "harness_recipes.rollout", "fleet", "--config", str(exp), "--local",
+        res = subprocess.run([sys.executable, "-m", "harness_recipes.cli", "fleet", "--config", str(exp), "--local",
                               "1", "--no-progress", "--node-dir", str(tmp_path / "n")],
                              cwd=PAPER.parents[2], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

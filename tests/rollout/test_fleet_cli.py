@@ -6,8 +6,8 @@ import os
 
 from rich.console import Console
 
-from harness_recipes.progress import FleetView
-from harness_recipes.store import Store
+from harness_recipes.fleet.store import Store
+from harness_recipes.node.progress import FleetView
 
 from .conftest import write_tasks
 from .test_cli import cli
@@ -71,7 +71,7 @@ def test_a_ray_address_where_nothing_answers_fails_in_seconds(tmp_path):
     """ray.init alone retries a dead address for minutes; the fleet probes the head's port first."""
     import time
 
-    from harness_recipes.procs import free_port
+    from harness_recipes.node.processes import free_port
 
     port = free_port()  # nothing listens there
     t0 = time.monotonic()

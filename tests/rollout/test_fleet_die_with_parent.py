@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.die_with_parent import command
+from harness_recipes.node.die_with_parent import command
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
 def parent_with_child(cmd: str) -> tuple[subprocess.Popen, int]:
     """A Python parent that starts ``cmd`` (an expression) and sleeps; (parent, the child's pid)."""
     code = ("import subprocess, sys, time\n"
-            "from harness_recipes.die_with_parent import command\n"
+            "from harness_recipes.node.die_with_parent import command\n"
             f"p = subprocess.Popen({cmd})\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(600)\n")
@@ -71,6 +71,6 @@ def test_without_the_wrapper_the_child_outlives_its_parent():
 def test_a_parent_gone_before_the_wrapper_ran_stops_it():
     res = subprocess.run(command(["sleep", "600"], parent_pid=1), capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "the parent 1 died before sleep started" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "harness_recipes.die_with_parent", "x"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "harness_recipes.node.die_with_parent", "x"], capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 1 and "usage:" in res.stderr

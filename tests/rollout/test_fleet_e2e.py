@@ -17,8 +17,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from harness_recipes.store import Store
-from polar_recon.logreader import read_episode
+from harness_recipes.fleet.store import Store
+from polar_contracts.log.reader import read_episode
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .conftest import fake_recipe, write_tasks
@@ -48,7 +48,7 @@ def test_fleet_of_two_nodes_runs_every_episode_once_into_the_store(tmp_path):
     with polar_serve(tiny_model_dir(), "vllm") as srv:
         model = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["id"]
         res = subprocess.run(
-            [sys.executable, "-m", "harness_recipes.rollout", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
+            [sys.executable, "-m", "harness_recipes.cli", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
              "--samples", str(SAMPLES), "--server", srv.base_url, "--store", store_uri, "--local", "2",
              "--proxies-per-node", "2", "--concurrency", "2", "--prewarm", "1", "--isolation", "none",
              "--node-dir", str(tmp_path / "nodes"), "--model", model, "--no-progress"],
@@ -81,10 +81,10 @@ def test_a_weight_sync_reaches_every_proxy_of_every_node_and_the_server_loads_on
     of 2 nodes, has one of them load the new weights, releases all: rows name the exact version."""
     import threading
 
-    from harness_recipes.fleet import NAMESPACE, WEIGHTS_ACTOR, Cluster, NodeConfig, run_fleet
-    from harness_recipes.fleet_queue import plan_groups
-    from harness_recipes.tasks import load_tasks
-    from harness_recipes.weights import perturbed_copy
+    from harness_recipes.demo.weights import perturbed_copy
+    from harness_recipes.fleet.driver import NAMESPACE, WEIGHTS_ACTOR, Cluster, NodeConfig, run_fleet
+    from harness_recipes.fleet.queue import plan_groups
+    from harness_recipes.tasks.task_file import load_tasks
     from trainer.weight_sync import fleet_sync, fleet_version
 
     recipe = fake_recipe(tmp_path, ["chat", str(CALLS), "sleep", "0.3"], name="fleetsync", via="path")
@@ -146,9 +146,9 @@ def test_a_node_killed_mid_run_loses_no_episode_and_runs_none_twice(tmp_path):
     import signal
     import threading
 
-    from harness_recipes.fleet import Cluster, NodeConfig, node_name, run_fleet
-    from harness_recipes.fleet_queue import plan_groups
-    from harness_recipes.tasks import load_tasks
+    from harness_recipes.fleet.driver import Cluster, NodeConfig, node_name, run_fleet
+    from harness_recipes.fleet.queue import plan_groups
+    from harness_recipes.tasks.task_file import load_tasks
 
     recipe = fake_recipe(tmp_path, ["chat", "1", "sleep", "1.5"], name="fleetkill", via="path")
     n_tasks = 12  # enough that the victim has published one and runs another before the others finish
@@ -218,9 +218,9 @@ def test_a_node_declared_lost_while_alive_is_fenced_and_publishes_nothing_stale(
     alone moves logs into the store (TaskQueue.publish): no stale log, record or shard row."""
     import threading
 
-    from harness_recipes.fleet import NAMESPACE, QUEUE_ACTOR, Cluster, NodeConfig, run_fleet
-    from harness_recipes.fleet_queue import plan_groups
-    from harness_recipes.tasks import load_tasks
+    from harness_recipes.fleet.driver import NAMESPACE, QUEUE_ACTOR, Cluster, NodeConfig, run_fleet
+    from harness_recipes.fleet.queue import plan_groups
+    from harness_recipes.tasks.task_file import load_tasks
 
     recipe = fake_recipe(tmp_path, ["chat", "1", "sleep", "1.5"], name="fleetzombie", via="path")
     n_tasks = 6

@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
-from harness_recipes.fleet_queue import DONE, GIVEN_UP, QUEUED, RUNNING, Group, WorkQueue
-from harness_recipes.store import Store, StoreError
-from harness_recipes.tasks import Task
+from harness_recipes.fleet.queue import DONE, GIVEN_UP, QUEUED, RUNNING, Group, WorkQueue
+from harness_recipes.fleet.store import Store, StoreError
+from harness_recipes.tasks.task_file import Task
 
 
 def groups(n, samples=2):
@@ -76,7 +76,7 @@ def test_a_bad_store_uri_is_a_clear_error(tmp_path):
 
 
 def test_a_resumed_fleet_skips_done_episodes_and_retries_the_rest_under_a_new_attempt():
-    from harness_recipes.fleet_queue import plan_groups
+    from harness_recipes.fleet.queue import plan_groups
     tasks = [Task("t0", "p", "true"), Task("t1", "p", "true"), Task("t2", "p", "true")]
     recs = [{"task_id": "t0", "sample": 0, "attempt": 0, "status": "done"},
             {"task_id": "t0", "sample": 1, "attempt": 0, "status": "error"},

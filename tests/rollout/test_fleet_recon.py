@@ -11,10 +11,10 @@ import sys
 
 import polars as pl
 
-from harness_recipes.fleet_recon import MirroredRecon
-from harness_recipes.store import LOGS, SHARDS, Store
+from harness_recipes.fleet.recon import MirroredRecon
+from harness_recipes.fleet.store import LOGS, SHARDS, Store
+from polar_contracts.shards import MANIFEST
 from polar_recon import testing as L
-from polar_recon.shard_files import MANIFEST
 
 
 def simple(c):

@@ -14,8 +14,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from harness_recipes.procs import free_port, running, venv_bin
-from harness_recipes.store import Store
+from harness_recipes.fleet.store import Store
+from harness_recipes.node.processes import free_port, running, venv_bin
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .conftest import fake_recipe, write_tasks
@@ -54,7 +54,7 @@ def shard_rows(store: Store) -> list[str]:
 
 def fleet(tmp_path, recipe, tasks, srv, store_uri, model, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "harness_recipes.rollout", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
+        [sys.executable, "-m", "harness_recipes.cli", "fleet", "--recipe", str(recipe), "--tasks", str(tasks),
          "--samples", "2", "--server", srv.base_url, "--store", store_uri, "--local", "1", "--proxies-per-node", "1",
          "--concurrency", "2", "--prewarm", "1", "--isolation", "none", "--node-dir", str(tmp_path / "nodes"),
          "--model", model, "--no-progress", *extra],

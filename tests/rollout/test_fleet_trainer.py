@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness_recipes.store import Store
-from polar_recon.logreader import read_episode
+from harness_recipes.fleet.store import Store
+from polar_contracts.log.reader import read_episode
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .conftest import fake_recipe, write_tasks
@@ -35,9 +35,9 @@ TASKS, SAMPLES, STEPS = 14, 2, 2
 
 
 def test_the_trainer_steps_and_syncs_every_node_while_the_fleet_runs(tmp_path):
-    from harness_recipes.fleet import Cluster, NodeConfig, run_fleet
-    from harness_recipes.fleet_queue import plan_groups
-    from harness_recipes.tasks import load_tasks
+    from harness_recipes.fleet.driver import Cluster, NodeConfig, run_fleet
+    from harness_recipes.fleet.queue import plan_groups
+    from harness_recipes.tasks.task_file import load_tasks
 
     # two calls and a short think per episode: the fleet runs ~25 s, long enough for the trainer's steps
     recipe = fake_recipe(tmp_path, ["chat", "2", "sleep", "2"], name="fleettrain", via="path")

@@ -5,8 +5,8 @@ The first run needs the npm registry / PyPI (CI installs them in .ci/run first);
 """
 import pytest
 
-from harness_recipes.install import bin_path, ensure_installed, installed_version
-from harness_recipes.recipe import bundled_names, load_recipe
+from harness_recipes.recipes.install import bin_path, ensure_installed, installed_version
+from harness_recipes.recipes.recipe import bundled_names, load_recipe
 
 EXPECT = {"codex": "0.171.0", "claude-code": "2.1.197", "qwen-code": "0.15.10", "pi": "0.73.1",
           "mini-swe-agent": "2.4.6", "aider": "0.86.2"}

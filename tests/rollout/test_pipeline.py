@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes import episode as ep
-from harness_recipes.recipe import load_recipe
-from harness_recipes.records import Records
+import harness_recipes.node.episode as ep
+from harness_recipes.node.records import Records
+from harness_recipes.node.scheduler import Limits, Pipeline
+from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.runtimes import make_runtime
-from harness_recipes.scheduler import Limits, Pipeline
-from harness_recipes.tasks import load_tasks
+from harness_recipes.tasks.task_file import load_tasks
 
 from .conftest import fake_recipe, write_tasks
 

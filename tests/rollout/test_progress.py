@@ -2,11 +2,11 @@ import io
 
 from rich.console import Console
 
-from harness_recipes import episode as ep
-from harness_recipes.progress import Progress, summary_table
-from harness_recipes.records import Records
-from harness_recipes.scheduler import Job, Limits, Pipeline
-from harness_recipes.tasks import Task
+import harness_recipes.node.episode as ep
+from harness_recipes.node.progress import Progress, summary_table
+from harness_recipes.node.records import Records
+from harness_recipes.node.scheduler import Job, Limits, Pipeline
+from harness_recipes.tasks.task_file import Task
 
 
 def test_summary_table_shows_phases_rewards_and_statuses(tmp_path):

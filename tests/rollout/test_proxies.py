@@ -1,4 +1,4 @@
-"""harness_recipes/proxies.py without processes: the episode -> proxy hash, and one weight sync across
+"""harness_recipes/node/proxies.py without processes: the episode -> proxy hash, and one weight sync across
 several proxies (sync_proxies) driving the addon's own gates (weight_hold.UpstreamWeights) in this
 process in front of a scripted server. Real mitmdumps in front of polar-serve: test_proxies_e2e.py."""
 from __future__ import annotations
@@ -20,15 +20,15 @@ from addon.weight_hold import (
     parse_release_body,
     parse_sync_request,
 )
-from harness_recipes.episode import Settings
-from harness_recipes.proxies import pick, sync_proxies
-from polar_recon.weight_versions import UNKNOWN_PREFIX
+from harness_recipes.node.episode import Settings
+from harness_recipes.node.proxies import pick, sync_proxies
+from polar_contracts.weight_versions import UNKNOWN_PREFIX
 
 
 def test_pick_is_stable_across_processes_and_spreads_episodes():
     ids = [f"task{i}-s0-a0" for i in range(2000)]
     here = [pick(e, 3) for e in ids[:50]]
-    code = "import sys; from harness_recipes.proxies import pick; print([pick(f'task{i}-s0-a0', 3) for i in range(50)])"
+    code = "import sys; from harness_recipes.node.proxies import pick; print([pick(f'task{i}-s0-a0', 3) for i in range(50)])"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123", **__import__("os").environ}).stdout
     assert json.loads(other) == here

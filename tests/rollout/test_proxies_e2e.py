@@ -1,4 +1,4 @@
-"""Two real capture proxies (mitmdump + addon, harness_recipes/proxies.py) in front of one real
+"""Two real capture proxies (mitmdump + addon, harness_recipes/node/proxies.py) in front of one real
 polar-serve, one shared log directory: many concurrent streaming episodes, each sent to its proxy by
 its id, end with complete logs holding only their own calls; a weight sync through the pool holds
 both proxies, the server loads once, and every row names the version that served it.
@@ -15,9 +15,9 @@ import uuid
 import httpx
 import pytest
 
-from harness_recipes.proxies import pick, proxy_pool
-from harness_recipes.weights import perturbed_copy
-from polar_recon.logreader import read_episode
+from harness_recipes.demo.weights import perturbed_copy
+from harness_recipes.node.proxies import pick, proxy_pool
+from polar_contracts.log.reader import read_episode
 from tests.support.servers import polar_serve, tiny_model_dir
 
 EPISODES = int(os.environ.get("POLAR_PROXIES_E2E_EPISODES", "64"))

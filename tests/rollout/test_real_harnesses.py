@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.install import ensure_installed
-from harness_recipes.recipe import load_recipe
-from harness_recipes.stack import capture_proxy, serve
+from harness_recipes.node.local_stack import capture_proxy, serve
+from harness_recipes.recipes.install import ensure_installed
+from harness_recipes.recipes.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "data" / "tasks"
@@ -57,7 +57,7 @@ def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, r
     out = tmp_path / "out"
     tag = f"{harness}-{runtime}"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", harness, "--tasks", str(one_task(tmp_path, tag)),
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness, "--tasks", str(one_task(tmp_path, tag)),
          "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--no-progress",
          "--recon", "watch" if runtime == "docker" else "build", "--runtime", runtime],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -67,7 +67,7 @@ def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, r
     assert rec["status"] == "done" and rec["harness_rc"] == 0 and rec["runtime"] == runtime, detail
     assert "calc.py" in rec["changed_files"] and rec["reward"] == 1.0, detail
 
-    from polar_recon.logreader import read_episode
+    from polar_contracts.log.reader import read_episode
     log = read_episode(logdir / f"{rec['episode_id']}.arrow")
     assert log.finished and log.reward == 1.0 and log.metadata["group_id"] == f"fix-add-{tag}"
     calls = log.calls.filter(~log.calls["auxiliary"].fill_null(False))

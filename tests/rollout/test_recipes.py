@@ -3,7 +3,7 @@ import tomllib
 
 import pytest
 
-from harness_recipes.recipe import TEMPLATE_VARS, RecipeError, bundled_names, load_recipe, parse_recipe
+from harness_recipes.recipes.recipe import TEMPLATE_VARS, RecipeError, bundled_names, load_recipe, parse_recipe
 
 NPM = {"codex": "0.171.0", "claude-code": "2.1.197", "qwen-code": "0.15.10", "pi": "0.73.1"}
 VALUES = {k: f"v-{k}" for k in TEMPLATE_VARS} | {"base_url": "http://127.0.0.1:9", "episode": "ep.1",

@@ -15,11 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-from harness_recipes import episode as ep
-from harness_recipes.recipe import load_recipe
-from harness_recipes.records import Records
-from harness_recipes.scheduler import Limits, Pipeline
-from harness_recipes.swebench import load_instances
+import harness_recipes.node.episode as ep
+from harness_recipes.node.records import Records
+from harness_recipes.node.scheduler import Limits, Pipeline
+from harness_recipes.recipes.recipe import load_recipe
+from harness_recipes.tasks.swebench.instances import load_instances
 
 from .conftest import FAKE, fake_recipe
 

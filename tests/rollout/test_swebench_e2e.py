@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness_recipes.install import ensure_installed
-from harness_recipes.recipe import load_recipe
-from harness_recipes.stack import capture_proxy, serve
+from harness_recipes.node.local_stack import capture_proxy, serve
+from harness_recipes.recipes.install import ensure_installed
+from harness_recipes.recipes.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "swebench"
@@ -28,7 +28,7 @@ def test_codex_solves_a_swebench_instance_in_its_image(docker_runtime_cls, tmp_p
     logdir, out = tmp_path / "logs", tmp_path / "out"
     with serve(tiny_model_dir(), script=DATA / "scripts" / "mini.json") as srv, capture_proxy(srv.url, logdir) as proxy:
         proc = subprocess.run(
-            [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", "codex",
+            [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", "codex",
              "--tasks", f"swebench:{DATA / 'mini.jsonl'}", "--instances", INSTANCE, "--runtime", "docker",
              "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--no-progress"],
             cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -51,7 +51,7 @@ def test_codex_solves_a_swebench_instance_in_its_image(docker_runtime_cls, tmp_p
     assert report["resolved"] is True and "Start Test Output" in (edir / "test_output.txt").read_text()
     assert "number % 100 in (11, 12, 13)" in (edir / "model.patch").read_text()
 
-    from polar_recon.logreader import read_episode
+    from polar_contracts.log.reader import read_episode
     log = read_episode(logdir / f"{rec['episode_id']}.arrow")
     assert log.finished and log.reward == 1.0 and log.metadata["discard"] is False
     assert log.metadata["eval"]["resolved"] is True and log.metadata["eval"]["instance_id"] == INSTANCE

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.swebench import load_instances, read_rows, validate
-from harness_recipes.swebench_sources import build_repo
-from harness_recipes.tasks import TaskError
+from harness_recipes.tasks.swebench.instances import load_instances, read_rows, validate
+from harness_recipes.tasks.swebench.sources import build_repo
+from harness_recipes.tasks.task_file import TaskError
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "swebench"
@@ -122,7 +122,7 @@ def test_eval_script_from_test_cmd_has_the_official_shape():
 def test_cli_refuses_filters_without_swebench_and_local_runtime(tmp_path):
     from click.testing import CliRunner
 
-    from harness_recipes.rollout import main
+    from harness_recipes.cli import main
     common = ["--recipe", "pi", "--proxy", "http://127.0.0.1:9", "--logdir", str(tmp_path / "l"),
               "--out", str(tmp_path / "o")]
     res = CliRunner().invoke(main, ["run", "--tasks", str(ROOT / "data/tasks/tasks.jsonl"), "--limit", "1", *common])
@@ -134,8 +134,8 @@ def test_cli_refuses_filters_without_swebench_and_local_runtime(tmp_path):
 
 
 def test_experiment_file_takes_swebench_tasks(tmp_path):
-    from harness_recipes.experiment import load_experiment, plan
-    paper = ROOT / "harness_recipes" / "experiments" / "polar-swebench-qwen3.5-4b.toml"
+    from harness_recipes.fleet.experiment import load_experiment, plan
+    paper = ROOT / "harness_recipes" / "fleet" / "experiments" / "polar-swebench-qwen3.5-4b.toml"
     text = paper.read_text()
     old = 'swebench = "/shared/swebench/verified.jsonl"  # princeton-nlp/SWE-bench_Verified as JSONL\n'
     assert old in text

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness_recipes.runtimes.base import populate_workspace
-from harness_recipes.tasks import TaskError, load_swebench, load_tasks
+from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 

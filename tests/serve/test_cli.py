@@ -6,13 +6,13 @@ import sys
 
 import httpx
 
-from polar_recon.assets import QWEN3_TOKENIZER
+from polar_contracts.assets import QWEN3_TOKENIZER
 from tests.support.servers import REPO
 
 
 def test_make_tiny_is_deterministic_and_carries_the_real_tokenizer(tmp_path, tiny_model):
     out = tmp_path / "tiny"
-    # Run outside the checkout: the tokenizer is packaged data (polar_recon.assets), not a repo path.
+    # Run outside the checkout: the tokenizer is packaged data (polar_contracts.assets), not a repo path.
     r = subprocess.run([sys.executable, "-m", "polar_serve.cli", "--make-tiny", str(out)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from polar_recon.chat_render import RequestError, render_chat, render_rules, template_messages, template_tools
+from polar_contracts.chat.render import RequestError, render_chat, render_rules, template_messages, template_tools
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "harness-requests"
 TOOL = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {

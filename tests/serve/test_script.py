@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from polar_recon.assets import data_path
-from polar_recon.chat_render import RequestError, render_chat, render_rules
+from polar_contracts.assets import data_path
+from polar_contracts.chat.render import RequestError, render_chat, render_rules
 from polar_serve.dialects import DIALECTS
 from polar_serve.parsers import parse_output
 from polar_serve.script import ScriptError, choose_reply, load_script, turn_index, validate_script

@@ -84,7 +84,7 @@ def _choice_ids(dialect, d):
 
 
 def _expected_prompt(ref_model, dialect, body):
-    from polar_recon.chat_render import render_rules, template_messages, template_tools
+    from polar_contracts.chat.render import render_rules, template_messages, template_tools
     msgs = template_messages(body["messages"], render_rules(dialect))
     tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), render_rules(dialect))
     out = ref_model.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=True, add_generation_prompt=True,

@@ -1,4 +1,4 @@
-"""polar-serve's SGLang prompt rendering (polar_recon.chat_render_sglang) against SGLang 0.5.23's own code.
+"""polar-serve's SGLang prompt rendering (polar_contracts.chat.render_sglang) against SGLang 0.5.23's own code.
 
 The sglang 0.5.23 wheel comes from PyPI at setup (`pip download --no-deps`, cached under
 $POLAR_CACHE/sglang-0.5.23; skipped with a message when PyPI is unreachable, which fails under
@@ -47,9 +47,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+import polar_contracts.chat.render_sglang as ours
 from harness_recipes.cache import polar_cache
-from polar_recon import chat_render_sglang as ours
-from polar_recon.chat_render import RequestError, render_chat, render_rules
+from polar_contracts.chat.render import RequestError, render_chat, render_rules
 
 SGLANG_VERSION = "0.5.23"
 FILES = ("sglang/srt/entrypoints/openai/protocol.py", "sglang/srt/entrypoints/openai/serving_chat.py",

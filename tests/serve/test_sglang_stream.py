@@ -4,7 +4,7 @@ From serving_chat.py `_generate_stream_content` / `_generate_chat_stream` and ss
 reasoning parser configured and logprobs requested, a step whose tokens produced no text
 (`<think>`, `</think>`, `<|im_end|>`) still sends its logprobs, in a chunk whose delta is
 `{"reasoning_content": null}`; without logprobs there is no such chunk, so the proxy, which asks
-for logprobs on the harness's behalf, drops it (addon.dialects.strip_response).
+for logprobs on the harness's behalf, drops it (addon.server_dialects.strip_response).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from addon.dialects import plan_request, strip_response
+from addon.server_dialects import plan_request, strip_response
 from tests.serve.test_server import NAME, SCRIPT
 from tests.support.servers import polar_serve
 

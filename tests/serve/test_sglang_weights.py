@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from harness_recipes.weights import perturbed_copy
+from harness_recipes.demo.weights import perturbed_copy
 from tests.support.servers import polar_serve
 
 

@@ -4,7 +4,7 @@
     with polar_serve(tiny_model_dir(), "vllm", script="data/scripts/create_hello.json") as srv:
         httpx.post(srv.base_url + "/v1/chat/completions", json=...)
 
-The server is a real subprocess (`python -m polar_serve.cli`, harness_recipes.stack.serve), bound to
+The server is a real subprocess (`python -m polar_serve.cli`, harness_recipes.node.local_stack.serve), bound to
 127.0.0.1 on a free port (`--port 0`; the port is read from its `polar-serve listening on ...` line)
 and stopped by pid when the block exits. The tiny model lives in Polar's cache (harness_recipes/cache.py),
 which tests/conftest.py points at the checkout's .cache/ unless POLAR_CACHE says otherwise.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness_recipes.cache import TINY_SEED, tiny_model
-from harness_recipes.stack import serve
+from harness_recipes.node.local_stack import serve
 
 REPO = Path(__file__).resolve().parents[2]
 

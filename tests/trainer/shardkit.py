@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from polar_recon.shards import SHARD_SCHEMA
+from polar_recon.shard_writer import SHARD_SCHEMA
 from polar_recon.testing import row, synthetic_seq, write_shard
 
 __all__ = ["SHARD_SCHEMA", "Sampler", "row", "synthetic_seq", "write_shard"]
@@ -35,7 +35,7 @@ class Sampler:
                 "logprobs_mode": self.logprobs}
 
     def kept(self, z: torch.Tensor) -> torch.Tensor:
-        """The tokens top-k then top-p keep, written independently of trainer/sampling.py: walk down
+        """The tokens top-k then top-p keep, written independently of trainer/behaviour_logprobs.py: walk down
         from the most likely token; top-k keeps ties with the k-th; top-p keeps a token while the
         (top-k renormalised) mass above it is < top_p."""
         order = torch.argsort(z, descending=True)

@@ -3,7 +3,7 @@
 1. Shards built by polar-recon from real proxy logs: the trainer's input ids, masks and old (behaviour)
    logprobs are, tensor by tensor, the shard's and the proxy log's; sampled at temperature 1 without
    truncation the trainer's own logprobs equal the server's, so the importance ratio is 1.
-2. The closed loop (harness_recipes/closed_loop.py; one call per episode here), with Qwen3's truncated sampling (the server's
+2. The closed loop (harness_recipes/demo/closed_loop.py; one call per episode here), with Qwen3's truncated sampling (the server's
    generation_config: T=0.6, top_k=20, top_p=0.95, recorded on every row by the proxy) and the
    importance-sampling correction ON (TRL's sequence_mask): every step's ratio is 1 (on-policy, the
    truncation-aware pi_old), nothing masked, and the mean reward rises clearly above its start.
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from harness_recipes.closed_loop import (
+from harness_recipes.demo.closed_loop import (
     ARMS,
     ArmRollout,
     LoopConfig,
@@ -31,7 +31,7 @@ from harness_recipes.closed_loop import (
     run_closed_loop,
     stack,
 )
-from harness_recipes.procs import venv_bin
+from harness_recipes.node.processes import venv_bin
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
@@ -49,7 +49,7 @@ def episode(proxy: str, ep: str, gid: str, reward: float, calls: int) -> None:
 
 
 def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
-    from polar_recon.logreader import read_log
+    from polar_contracts.log.reader import read_log
 
     with stack(tmp_path, tiny_dir) as (_, proxy):
         for g in range(2):
@@ -196,7 +196,7 @@ def test_closed_loop_real_arm_beats_every_ablation(tmp_path, seed):
     """Two-turn episodes whose reward is decided by the second turn; every arm of the seed runs the same
     target, the same sampling seeds and the same held-out episodes (prompts never trained on, sampled
     from polar-serve after the last weight sync); only the arm's one transformation differs
-    (harness_recipes/closed_loop.py: ArmRollout, or lr 0). The real arm must beat every ablation on
+    (harness_recipes/demo/closed_loop.py: ArmRollout, or lr 0). The real arm must beat every ablation on
     held-out reward and on training gain by the margins above, and no ablation may improve on held-out.
 
     Measured (this test's config: 3 steps x 2 groups x 4 episodes, 12 held-out episodes):

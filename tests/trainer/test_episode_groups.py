@@ -11,7 +11,7 @@ import pytest
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
 from tests.trainer.test_grpo_trainer import Recording, config, trainer, unpad
 from trainer.advantages import EPS
-from trainer.rollout import GroupTooLarge
+from trainer.shard_rollout import GroupTooLarge
 from trainer.shard_source import CURSOR_FILE
 
 P = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n...assistant\n

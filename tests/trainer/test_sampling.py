@@ -1,4 +1,4 @@
-"""trainer/sampling.py: the truncation-aware log-probs against vLLM 0.32's own Sampler (run in the vLLM
+"""trainer/behaviour_logprobs.py: the truncation-aware log-probs against vLLM 0.32's own Sampler (run in the vLLM
 venv on the same logits), against a per-position reference written from the rules, and against the
 token frequencies vLLM's sampler draws; the row -> transform rules (refusals, exclusions)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trainer.sampling import FIX, LogprobsModeError, Transform, mask_logits_, row_transform, token_logprobs
+from trainer.behaviour_logprobs import FIX, LogprobsModeError, Transform, mask_logits_, row_transform, token_logprobs
 
 HERE = Path(__file__).parent
 VLLM_PY = Path(os.environ.get("POLAR_CACHE", HERE.parents[1] / ".cache")) / "vllm-venv" / "bin" / "python"

@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from harness_recipes.stack import capture_proxy, serve
+from harness_recipes.node.local_stack import capture_proxy, serve
 from polar_recon.build import Options, build
 from tests.trainer.shardkit import write_shard
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
-from trainer.sampling import LogprobsModeError
-from trainer.sampling_temperature import TemperatureMismatch, check_rows, generation_default, logprob_temperature
+from trainer.behaviour_logprobs import LogprobsModeError
+from trainer.row_temperature import TemperatureMismatch, check_rows, generation_default, logprob_temperature
 
 # What Pi 0.73 sends besides messages/tools (recorded in a demo capture log): no sampling fields.
 PI_FIELDS = {"model": "polar-model", "stream": True, "stream_options": {"include_usage": True}, "store": False,

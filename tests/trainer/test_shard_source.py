@@ -9,7 +9,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from polar_recon.shard_files import shard_seq
+from polar_contracts.shards import shard_seq
 from tests.trainer.shardkit import SHARD_SCHEMA, row, synthetic_seq, write_shard
 from trainer.shard_source import (
     CURSOR_FILE,

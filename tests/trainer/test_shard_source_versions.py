@@ -2,7 +2,7 @@
 "default", the trainer's step names), and the rows that name no single version (spans / unknown)."""
 from __future__ import annotations
 
-from polar_recon.weight_versions import spanning, unknown
+from polar_contracts.weight_versions import spanning, unknown
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
 from trainer.shard_source import ShardSource, VersionOrder
 

@@ -11,8 +11,8 @@ import torch
 
 from tests.trainer.shardkit import Sampler, row, write_shard
 from tests.trainer.test_grpo_trainer import config, real_groups, trainer
+from trainer.behaviour_logprobs import LogprobsModeError
 from trainer.is_correction import is_ratio
-from trainer.sampling import LogprobsModeError
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_unreproducible_rows_are_excluded_counted_and_logged(tmp_path, tiny_dir,
     c = real_groups(sampler, 1, "c", turns=(1,))
     write_shard(tmp_path / "shards", 1, a + b + c)
     t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, max_steps=1))
-    with caplog.at_level(logging.WARNING, logger="trainer.grpo"):
+    with caplog.at_level(logging.WARNING, logger="trainer.grpo_trainer"):
         t.train()
     st = t.shard_rollout.stats
     assert sum(st.rows_excluded.values()) == 2, st.rows_excluded
@@ -102,7 +102,7 @@ def test_unreproducible_rows_are_excluded_counted_and_logged(tmp_path, tiny_dir,
 
 def test_hook_matches_trl_logps_without_truncation(tmp_path, tiny_dir, sampler):
     """The hook's own forward (used when rows truncate) equals TRL's logps when nothing truncates."""
-    from trainer.sampling import Transform
+    from trainer.behaviour_logprobs import Transform
 
     write_shard(tmp_path / "shards", 1, real_groups(sampler, 2, "h"))
     t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0))

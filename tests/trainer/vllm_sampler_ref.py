@@ -1,6 +1,6 @@
 """Run under the vLLM venv (.cache/vllm-venv/bin/python): vLLM 0.32's own Sampler, in
 processed_logprobs mode, on given logits and per-row sampling parameters; writes the processed
-logprobs (N, V) it would report and the tokens it samples. The ground truth for trainer/sampling.py.
+logprobs (N, V) it would report and the tokens it samples. The ground truth for trainer/behaviour_logprobs.py.
 
     python vllm_sampler_ref.py IN.pt OUT.pt
 

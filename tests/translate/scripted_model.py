@@ -1,7 +1,7 @@
 """A scripted "model" behind the translators, for driving the real Codex CLI / Claude Code.
 
 It listens on 127.0.0.1, translates each /v1/responses or /v1/messages request with
-addon.translate (exactly as the addon does), answers the chat request from a two-step script
+polar_contracts.translate (exactly as the addon does), answers the chat request from a two-step script
 (first a tool call that writes hello.txt, then a final text once a tool result is in the
 history) as vLLM-shaped chat chunks, and streams the translator's bytes back chunk by chunk.
 No proxy and no inference server: only the translators are under test.
@@ -14,7 +14,7 @@ import threading
 
 from aiohttp import web
 
-from addon.translate import TranslationError, translator_for
+from polar_contracts.translate import TranslationError, translator_for
 from tests.translate.chat_chunks import full_response, stream
 
 TOOL_CALLS = {"Bash": {"command": "echo hi > hello.txt", "description": "Create hello.txt"},

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from addon.translate import TranslationError, translator_for
+from polar_contracts.translate import TranslationError, translator_for
 from tests.translate.chat_chunks import parse_sse, stream
 
 USER = {"role": "user", "content": "hi"}

@@ -10,7 +10,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from addon.translate import translator_for
+from polar_contracts.translate import translator_for
 from tests.translate.chat_chunks import full_response, parse_sse, stream
 from tests.translate.replay_server import replay
 

@@ -1,7 +1,7 @@
 """The real Claude Code and Codex CLI binaries complete "create hello.txt containing hi" against a
 scripted model that speaks to them only through the translators (no proxy, no server).
 
-The binaries are the ones harness_recipes.install.ensure_installed puts in .cache/harnesses/<name>/
+The binaries are the ones harness_recipes.recipes.install.ensure_installed puts in .cache/harnesses/<name>/
 (@anthropic-ai/claude-code 2.1.197, @openai/codex 0.171.0); without them these tests skip and say
 so. Each run takes a few seconds.
 """
@@ -24,7 +24,7 @@ def _binary(name: str, exe: str) -> pathlib.Path:
     path = CACHE / name / "node_modules" / ".bin" / exe
     if not path.exists():
         pytest.skip(f"{name} is not installed at {path} "
-                    "(harness_recipes.install.ensure_installed installs it)")
+                    "(harness_recipes.recipes.install.ensure_installed installs it)")
     return path
 
 

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 from transformers import AutoTokenizer
 
-from addon.translate import translator_for
+from polar_contracts.translate import translator_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "harness-requests"

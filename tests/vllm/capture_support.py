@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
-from harness_recipes.stack import capture_proxy
-from polar_recon.logreader import read_episode
+from harness_recipes.node.local_stack import capture_proxy
+from polar_contracts.log.reader import read_episode
 from tests.conftest import VLLM_MODEL_NAME
 
 MODEL = VLLM_MODEL_NAME

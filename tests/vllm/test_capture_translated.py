@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from addon.capture import dumps_like_python
-from addon.dialects import plan_request
+from addon.server_dialects import plan_request
 from addon.sse import SSEParser
-from addon.translate import translator_for
+from polar_contracts.translate import translator_for
 
 from .capture_support import (
     CHAT,

@@ -352,7 +352,7 @@ def forced_script(vllm_url: str) -> dict:
 
 @pytest.fixture(scope="module")
 def polar(real_vllm, tiny_model, tmp_path_factory):
-    from harness_recipes.stack import serve
+    from harness_recipes.node.local_stack import serve
 
     d = tmp_path_factory.mktemp("polar")
     script = d / "forced.json"

@@ -1,4 +1,4 @@
-"""The ForcedReply logits processor (harness_recipes/vllm_plugin/polar_forced_reply.py) on its own, in
+"""The ForcedReply logits processor (harness_recipes/demo/vllm_plugin/polar_forced_reply.py) on its own, in
 vLLM's environment (it imports torch and vllm, which ours does not have): rows follow vLLM's
 BatchUpdate (removed, added, moved, swapped), each forced row admits only its next token, other
 rows and exhausted sequences are untouched, bad `polar_forced` values are refused."""
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from harness_recipes.cache import vllm_python
-from harness_recipes.forced_replies import PLUGIN_CLASS, vllm_plugin_dir, vllm_plugin_env
+from harness_recipes.demo.forced_replies import PLUGIN_CLASS, vllm_plugin_dir, vllm_plugin_env
 
 CHECK = r'''
 import math, torch

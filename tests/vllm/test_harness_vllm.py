@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.install import ensure_installed
-from harness_recipes.recipe import load_recipe
-from harness_recipes.stack import capture_proxy, forced_replies
+from harness_recipes.node.local_stack import capture_proxy, forced_replies
+from harness_recipes.recipes.install import ensure_installed
+from harness_recipes.recipes.recipe import load_recipe
 from tests.conftest import VLLM_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     out, tag = tmp_path / "out", f"{harness}-vllm"
     n = len(records(shim))
     proc = subprocess.run(
-        [sys.executable, "-m", "harness_recipes.rollout", "run", "--recipe", harness,
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness,
          "--tasks", str(one_task(tmp_path, tag)), "--proxy", proxy.url, "--logdir", str(proxy.logdir),
          "--out", str(out), "--no-progress", "--recon", "build"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -142,7 +142,7 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     assert rec["status"] == "done" and rec["harness_rc"] == 0, detail
     assert "calc.py" in rec["changed_files"] and rec["reward"] == 1.0, detail
 
-    from polar_recon.logreader import read_episode
+    from polar_contracts.log.reader import read_episode
     log = read_episode(proxy.logdir / f"{rec['episode_id']}.arrow")
     assert log.finished and log.reward == 1.0 and log.metadata["group_id"] == f"fix-add-{tag}"
     forced = records(shim)[n:]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harness_recipes.stack import capture_proxy, serve
+from harness_recipes.node.local_stack import capture_proxy, serve
 from polar_recon.build import Options, build
 from tests.conftest import VLLM_MODEL_NAME
 from tests.trainer.test_grpo_trainer import config, trainer

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from addon.logprobs_probe import probe_upstream
-from harness_recipes.stack import capture_proxy
+from harness_recipes.node.local_stack import capture_proxy
 from polar_recon import read_log
 from tests.conftest import VLLM_MODEL_NAME
 

@@ -19,7 +19,7 @@ import uuid
 import httpx
 import pytest
 
-from harness_recipes.weights import perturbed_copy
+from harness_recipes.demo.weights import perturbed_copy
 from polar_recon import read_log
 from tests.addon.procs import mitmdump
 from tests.support.servers import tiny_model_dir

@@ -1,0 +1,369 @@
+"""`polar-rollout`: run a harness recipe over tasks through the capture proxy, pipelined.
+
+    polar-rollout run --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
+        --proxy http://127.0.0.1:8080 --logdir LOGDIR --out OUT [--runtime local|docker]
+    polar-rollout run --recipe codex --tasks swebench:data/swebench/mini.jsonl --runtime docker \\
+        [--instances ID,ID] [--limit N] ...      # SWE-bench instances, graded by swebench
+    polar-rollout fleet --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
+        --server http://inference:8000 --store file:///shared/run --ray-address auto   # fleet.py
+    polar-rollout recipes          # the bundled recipes (--recipe NAME), or --recipe PATH.toml
+    polar-rollout install NAME     # install a recipe's CLI into the harness cache
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+import harness_recipes.node.episode as ep
+from harness_recipes.node.processes import stop
+from harness_recipes.node.progress import Progress, summary_table
+from harness_recipes.node.records import Records
+from harness_recipes.node.scheduler import Limits, Pipeline
+from harness_recipes.recipes.install import ensure_installed, spec_of
+from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_recipe
+from harness_recipes.runtimes import make_runtime
+from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
+from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
+
+
+def task_options(f):
+    """The task options `run` and `fleet` share (the same task files on one machine or a fleet)."""
+    for opt in reversed([
+        click.option("--tasks", "tasks_path", help="tasks JSONL, or swebench:FILE (SWE-bench instances: JSONL, "
+                     "Parquet, or a datasets dataset saved to disk)"),
+        click.option("--swebench", type=click.Path(dir_okay=False), help="SWE-bench-style instances JSONL (local file)"),
+        click.option("--repos", type=click.Path(file_okay=False),
+                     help="with swebench tasks: directory of local clones owner__name (else data/ sources or the image)"),
+        click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these ids"),
+        click.option("--limit", default=None, type=click.IntRange(1),
+                     help="with --tasks swebench:FILE: the first N instances"),
+        click.option("--samples", default=1, show_default=True, type=click.IntRange(1),
+                     help="episodes per task (GRPO group)")]):
+        f = opt(f)
+    return f
+
+
+@click.group()
+def main() -> None:
+    """Polar's rollout node: harness recipes, runtimes, the pipelined episode runner."""
+
+
+@main.command()
+@click.option("--recipe", required=True, help="recipe file or bundled name (pi, qwen-code, codex, claude-code, ...)")
+@task_options
+@click.option("--proxy", required=True, help="capture proxy URL, e.g. http://127.0.0.1:8080")
+@click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
+              help="local runtime: bubblewrap sandbox")
+@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once")
+@click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--sequential", is_flag=True, help="no pipelining: one episode through all phases at a time")
+@click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
+@click.option("--api-key-env", default=None, metavar="VAR",
+              help="environment variable holding the API key the harness sends (never given on the command line)")
+@click.option("--recon", type=click.Choice(["build", "watch", "none"]), default="build", show_default=True,
+              help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
+@click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
+@click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, logdir, out, runtime, isolation, docker_network,
+        concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
+        no_progress) -> None:
+    """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
+    try:
+        rec = load_recipe(recipe)
+        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
+    except (RecipeError, TaskError) as e:
+        raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
+    settings = ep.Settings(proxy=proxy, model=model)
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
+        settings.api_key = os.environ[api_key_env]
+    exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
+    # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
+    work = Path(out) / "rollout" / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    opts = {"isolation": isolation, "keep": keep_workspaces} if runtime == "local" else {"network": docker_network}
+    limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
+    try:
+        rt = make_runtime(runtime, workdir=str(work), **opts)
+        code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
+                                Path(logdir), Path(out), limits, recon, not no_progress))
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
+        click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "
+                   "Run the same command again to resume.", err=True)
+        sys.exit(130)
+    except RuntimeError as e:  # e.g. dockerd not reachable, bubblewrap asked for but unusable
+        raise click.ClickException(str(e)) from None
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False),
+              help="an experiment file (harness_recipes/fleet/experiments/*.toml) instead of the options below")
+@click.option("--dry-run", is_flag=True, help="with --config: check it here and print the plan; start nothing "
+                                              "(without it: run the plan's fleets, one per harness; --local N to try "
+                                              "it on this machine)")
+@click.option("--recipe", help="recipe file or bundled name (the same on every node)")
+@task_options
+@click.option("--server", help="the inference server every node's proxies forward to")
+@click.option("--store", help="filesystem URI the fleet shares (file:///..., s3://...): logs, "
+                                             "rollout records, shards")
+@click.option("--ray-address", default=None, help="Ray cluster to join: auto | HOST:PORT")
+@click.option("--local", "local_nodes", type=click.IntRange(1), default=None,
+              help="start N Ray nodes on this machine instead (a try-out)")
+@click.option("--proxies-per-node", type=click.IntRange(1), default=None,
+              help="capture proxies on each node [default: one per core]")
+@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(1),
+              help="attempts of a group whose node dies before it is given up")
+@click.option("--node-dir", default="", help="working directory on each node [default: $TMPDIR/polar-fleet]")
+@click.option("--resume", is_flag=True, help="continue the run the store holds: skip finished episodes, retry the rest")
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
+              help="local runtime: bubblewrap sandbox")
+@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once per node")
+@click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
+@click.option("--api-key-env", default=None, metavar="VAR",
+              help="environment variable holding the API key the harness sends (never given on the command line)")
+@click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit, samples, server, store, ray_address,
+          local_nodes, proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
+          eval_concurrency, model, api_key_env, no_progress, resume) -> None:
+    """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
+    and pipeline, all feeding one store."""
+    from harness_recipes.fleet.driver import NodeConfig
+    from harness_recipes.fleet.store import Store, StoreError
+
+    if config or dry_run:
+        if dry_run or not config:
+            _experiment(config, dry_run)
+            return
+        given = [f"--{n}" for n, v in (("recipe", recipe), ("tasks", tasks_path), ("swebench", swebench),
+                                       ("server", server), ("store", store), ("ray-address", ray_address)) if v]
+        if given:
+            raise click.UsageError(f"--config FILE says what {', '.join(given)} would: give one or the other")
+        _run_experiment(config, local_nodes, node_dir, resume, no_progress)
+        return
+    if not (recipe and server and store):
+        raise click.UsageError("give --recipe, --server and --store (or --config FILE)")
+    if (ray_address is None) == (local_nodes is None):
+        raise click.UsageError("give exactly one of --ray-address (auto | HOST:PORT) and --local N")
+    try:
+        load_recipe(recipe)
+        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
+        Store(store)
+    except (RecipeError, TaskError, StoreError) as e:
+        raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
+    opts = {"isolation": isolation} if runtime == "local" else {"network": docker_network}
+    cfg = NodeConfig(recipe=recipe, server=server, store=store, model=model, api_key=api_key,
+                     proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
+                     limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
+    ok = _fleets([(cfg, tasks, max_attempts)], ray_address, local_nodes, resume, no_progress)
+    sys.exit(0 if ok else 3)
+
+
+def _fleets(runs, ray_address, local_nodes, resume, no_progress) -> bool:
+    """Run each (NodeConfig, tasks, max_attempts) as one fleet, one after the other, on one Ray
+    connection; their summaries as lines. True when every fleet finished with nothing given up."""
+    from harness_recipes.fleet.driver import Cluster, run_fleet
+    from harness_recipes.fleet.queue import plan_groups
+    from harness_recipes.fleet.store import Store, StoreError
+    from harness_recipes.node.progress import FleetView
+
+    todo = []
+    for cfg, tasks, max_attempts in runs:  # every store checked before anything starts
+        try:
+            records = Store(cfg.store).records()
+        except StoreError as e:
+            raise click.UsageError(str(e)) from None
+        if records and not resume:
+            raise click.UsageError(f"--store {cfg.store} already holds {len(records)} rollout records: pass --resume "
+                                   "to continue that run (finished episodes are skipped), or give a new --store")
+        groups, skipped = plan_groups(tasks, cfg.samples, records)
+        if skipped:
+            click.echo(f"polar-fleet: {skipped} episodes finished before, skipped", err=True)
+        if groups:
+            todo.append((cfg, groups, max_attempts))
+        else:
+            click.echo(f"polar-fleet: nothing left to run for {cfg.recipe} ({cfg.store})")
+    if not todo:
+        return True
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise click.ClickException("polar-rollout fleet needs Ray: pip install 'polar[fleet]'") from None
+    from trainer.ray_join import RayJoinError
+    ok = True
+    try:
+        with Cluster(address=ray_address if local_nodes is None else None, local=local_nodes):
+            for cfg, groups, max_attempts in todo:
+                view = FleetView(enabled=not no_progress)
+                with view:
+                    res = run_fleet(cfg, groups, max_attempts=max_attempts, on_stats=view.update)
+                store = cfg.store
+                click.echo(f"polar-fleet: {res.episodes} episodes on {len(res.nodes)} nodes in {res.seconds:.1f} s "
+                           f"({res.episodes / max(res.seconds, 1e-9):.2f}/s); groups {res.queue['groups']}; "
+                           f"store {store}")
+                if res.shards.get("built"):
+                    click.echo(f"polar-fleet: shards in {res.shards['path']} ({len(res.shards['files'])} files)")
+                else:
+                    click.echo(f"polar-fleet: shards not built: {res.shards.get('why')}", err=True)
+                for name, why in res.lost.items():
+                    click.echo(f"polar-fleet: node {name} was lost: {why[:300]}", err=True)
+                ok = ok and res.queue["finished"] and not res.queue["groups"].get("given up")
+    except RayJoinError as e:  # raised by joining only, before anything runs
+        raise click.ClickException(f"--ray-address: {e}") from None
+    return ok
+
+
+def _run_experiment(config, local_nodes, node_dir, resume, no_progress) -> None:
+    """``--config FILE`` without ``--dry-run``: the plan's fleets, one per harness (experiment.fleet_runs)."""
+    from harness_recipes.fleet.driver import NodeConfig
+    from harness_recipes.fleet.experiment import ExperimentError, fleet_runs, load_experiment
+    try:
+        exp = load_experiment(config)
+        runs = fleet_runs(exp, node_dir)
+    except ExperimentError as e:
+        raise click.UsageError(str(e)) from None
+    for line in exp.notes:
+        click.echo(f"polar-fleet: not checked here: {line}", err=True)
+    ok = _fleets([(NodeConfig(**r["node"]), r["tasks"], r["max_attempts"]) for r in runs],
+                 exp.fleet["ray_address"], local_nodes, resume, no_progress)
+    sys.exit(0 if ok else 3)
+
+
+def _experiment(config, dry_run) -> None:
+    from harness_recipes.fleet.experiment import ExperimentError, load_experiment, plan
+    if not config:
+        raise click.UsageError("--dry-run needs --config FILE")
+    try:
+        exp = load_experiment(config)
+    except ExperimentError as e:
+        raise click.UsageError(str(e)) from None
+    for line in plan(exp):
+        click.echo(line)
+
+
+def _check_runtime(tasks, runtime: str) -> None:
+    if runtime != "docker" and any(t.swebench is not None for t in tasks):
+        raise click.UsageError("SWE-bench instances run in their images: add --runtime docker")
+
+
+def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
+    if bool(tasks_path) == bool(swebench):
+        raise TaskError("give exactly one of --tasks or --swebench")
+    if tasks_path and is_swebench_spec(tasks_path):
+        ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
+        return load_instances(tasks_path, repos=repos, instances=ids, limit=limit)
+    if instances or limit:
+        raise TaskError("--instances / --limit select SWE-bench instances: use them with --tasks swebench:FILE")
+    if swebench:
+        if not repos:
+            raise TaskError("--swebench needs --repos DIR (local clones named owner__name)")
+        return load_swebench(swebench, repos)
+    return load_tasks(tasks_path)
+
+
+async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out: Path, limits, recon, progress) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    logdir.mkdir(parents=True, exist_ok=True)
+    pipeline = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
+    pipeline.plan(tasks, samples)
+    _cancel_on_sigterm()
+    watcher = _start_watch(logdir, out, samples) if recon == "watch" else None
+    view = Progress(enabled=progress)
+    pipeline.on_change = view.update
+    try:
+        with view:
+            await pipeline.run()
+    finally:
+        await runtime.shutdown()
+        if watcher is not None:
+            stop(watcher, signal.SIGINT, grace=30)  # watch finishes the shard it is writing and exits 0
+    view.console.print(summary_table(pipeline, title=f"polar-rollout: {recipe.name}"))
+    code = 0
+    if recon in ("build", "watch"):
+        # After watch: one last build picks up what finished after its last scan (build skips
+        # episodes already in OUT).
+        code = _build(logdir, out)
+    errors = pipeline.stats.statuses.get(ep.ERROR, 0)
+    if errors:
+        view.console.print(f"{errors} episode(s) ended in 'error' (see {out}/rollout/episodes.jsonl); "
+                           "run the same command again to retry them.")
+        code = code or 3
+    return code
+
+
+def _cancel_on_sigterm() -> None:
+    # SIGTERM gets the same orderly shutdown as Ctrl-C: every episode records its status.
+    task = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
+def _start_watch(logdir: Path, out: Path, samples: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "polar_recon.cli", "watch", str(logdir), str(out),
+                             "--group-size", str(samples), "--poll", "1"])
+
+
+def _build(logdir: Path, out: Path) -> int:
+    proc = subprocess.run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(out)])
+    if proc.returncode != 0:
+        click.echo(f"polar-recon build {logdir} {out} failed ({proc.returncode})", err=True)
+    return proc.returncode
+
+
+@main.command()
+@click.argument("recipe")
+def install(recipe) -> None:
+    """Install a recipe's harness CLI into the harness cache and print its --version.
+
+    The cache: $POLAR_HARNESS_CACHE, else $POLAR_CACHE/harnesses, else ~/.cache/polar/harnesses
+    (`make` sets POLAR_CACHE to the checkout's .cache/)."""
+    from harness_recipes.recipes.install import installed_version
+    try:
+        r = load_recipe(recipe)
+    except RecipeError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"{r.name}: {ensure_installed(r)} ({installed_version(r)})")
+
+
+@main.command()
+def recipes() -> None:
+    """List the bundled recipes: name, API, pinned package, description."""
+    for name in bundled_names():
+        r = load_recipe(name)
+        spec = spec_of(r) if r.install.kind != "none" else f"{r.install.bin} (on PATH)"
+        click.echo(f"{name:16} {r.api:12} {spec:40} {r.description}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+def summary(out) -> None:
+    """Print the recorded episodes of OUT as JSON lines (last record per episode)."""
+    for rec in Records(Path(out)).latest.values():
+        click.echo(json.dumps(rec, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

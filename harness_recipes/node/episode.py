@@ -1,0 +1,133 @@
+"""One episode's phases, each a plain async function: prewarm, run the harness, evaluate, end.
+
+The scheduler (scheduler.py) decides when each phase runs; these functions only do the work and
+return what happened. Nothing here swallows cancellation: Ctrl-C reaches the process kill code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from harness_recipes.node.proxies import pick
+from harness_recipes.recipes.recipe import Recipe
+from harness_recipes.runtimes.base import ExecResult, Sandbox
+from harness_recipes.tasks.task_file import Task
+
+EPISODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# Statuses. Terminal ones are skipped on resume; the others are retried under a new attempt id.
+DONE, TIMEOUT, CRASHED, EVAL_ERROR = "done", "timeout", "crashed", "eval_error"
+ERROR, INTERRUPTED = "error", "interrupted"
+TERMINAL = (DONE, TIMEOUT, CRASHED, EVAL_ERROR)
+
+
+def episode_id(task_id: str, sample: int, attempt: int) -> str:
+    eid = f"{task_id}.s{sample}" + (f".a{attempt}" if attempt else "")
+    if not EPISODE_RE.match(eid):
+        raise ValueError(f"episode id {eid!r} is not valid ([A-Za-z0-9._-]{{1,128}})")
+    return eid
+
+
+@dataclass
+class Settings:
+    proxy: str  # the capture proxy's base URL, e.g. http://127.0.0.1:8080
+    model: str = "polar-model"
+    # Several proxies on this node (proxies.py): each episode goes to one of them, by its id; empty: `proxy`.
+    proxies: tuple[str, ...] = ()
+    api_key: str = "polar-local-key"  # a placeholder: the proxy/server in this setup need no real key
+    # Base environment for harness and evaluation. Not the caller's environment: no secrets leak in.
+    base_path: str = field(default_factory=lambda: os.environ.get("PATH", "/usr/bin:/bin"))
+
+    def proxy_for(self, eid: str) -> str:
+        """The proxy of episode ``eid``: all its calls and its end go there (its log has one writer)."""
+        if not self.proxies:
+            return self.proxy
+        return self.proxies[pick(eid, len(self.proxies))]
+
+
+def episode_vars(recipe: Recipe, exe: Path, sandbox: Sandbox, task: Task, eid: str, s: Settings,
+                 exe_view: str | None = None) -> dict[str, str]:
+    proxy = s.proxy_for(eid).rstrip("/")
+    base_url = f"{proxy}/polar/{eid}" if recipe.episode_via == "path" else proxy
+    return {
+        "bin": exe_view or str(exe), "prefix": str(exe.parent), "home": sandbox.home, "workspace": sandbox.workspace,
+        "prompt": task.prompt, "model": s.model, "api_key": s.api_key, "episode": eid, "proxy": proxy,
+        "base_url": base_url, "episode_header": recipe.episode_header, "task_id": task.id,
+    }
+
+
+def harness_env(recipe: Recipe, values: dict[str, str], s: Settings, node_dir: str | None) -> dict[str, str]:
+    path = s.base_path if not node_dir else f"{node_dir}:{s.base_path}"
+    env = {"PATH": path, "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1", "CI": "1", "TMPDIR": "/tmp",
+           "USER": os.environ.get("USER", "root")}
+    env.update(recipe.render_env(values))
+    return env
+
+
+async def write_config(recipe: Recipe, sandbox: Sandbox, values: dict[str, str]) -> None:
+    for path, content in recipe.render_files(values):
+        await sandbox.write_file(path, content)
+
+
+async def run_harness(recipe: Recipe, sandbox: Sandbox, values: dict[str, str], env: dict[str, str],
+                      timeout: float) -> ExecResult:
+    return await sandbox.exec(recipe.render_argv(values), env, timeout=timeout, cwd=sandbox.workspace)
+
+
+def harness_status(res: ExecResult) -> str:
+    if res.timed_out:
+        return TIMEOUT
+    return DONE if res.rc == 0 else CRASHED
+
+
+async def evaluate(task: Task, sandbox: Sandbox, s: Settings) -> tuple[float, ExecResult | None, str]:
+    """Run the task's tests in the sandbox: reward 1.0 when they pass. Returns (reward, result, error)."""
+    env = {"PATH": s.base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
+    if task.eval_patch:
+        await sandbox.write_file(f"{sandbox.home}/eval.patch", task.eval_patch)
+        res = await sandbox.exec(["git", "apply", f"{sandbox.home}/eval.patch"], env, timeout=60, cwd=sandbox.workspace)
+        if res.rc != 0:
+            return 0.0, res, f"eval patch did not apply: {res.stderr.decode(errors='replace')[-300:]}"
+    res = await sandbox.exec(["bash", "-c", task.eval_cmd], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
+    if res.timed_out:
+        return 0.0, res, f"evaluation timed out after {task.eval_timeout:g}s"
+    return (1.0 if res.rc == 0 else 0.0), res, ""
+
+
+async def post_end(proxy: str, eid: str, reward: float, metadata: dict, timeout: float = 10.0) -> str:
+    """Tell the capture proxy the episode is over; returns an error string ('' on success)."""
+    url = f"{proxy.rstrip('/')}/polar/{eid}/end"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+            async with http.post(url, json={"reward": reward, "metadata": metadata}) as resp:
+                if resp.status // 100 != 2:
+                    return f"POST {url} -> HTTP {resp.status}: {(await resp.text())[:300]}"
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        return f"POST {url} failed: {type(e).__name__}: {e}"
+    return ""
+
+
+def save_output(dirpath: Path, name: str, res: ExecResult | None) -> None:
+    if res is None:
+        return
+    dirpath.mkdir(parents=True, exist_ok=True)
+    (dirpath / f"{name}.stdout").write_bytes(res.stdout)
+    (dirpath / f"{name}.stderr").write_bytes(res.stderr)
+
+
+def node_dir() -> str | None:
+    node = shutil.which("node")
+    return str(Path(node).parent) if node else None
+
+
+def tail(data: bytes, n: int = 400) -> str:
+    return data.decode(errors="replace")[-n:]
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True)

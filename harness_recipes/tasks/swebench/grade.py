@@ -1,0 +1,132 @@
+"""Official SWE-bench grading of one episode: swebench's own log parser and report, not ours.
+
+In the episode's sandbox (the instance's container, /testbed), after the harness:
+
+1. the model patch: ``git diff base_commit`` of the working tree, new files included (what swebench
+   calls the prediction);
+2. does test_patch apply to base_commit? checked in a throwaway git worktree, so a broken instance
+   is told apart from a model that broke the test files (the eval script resets those anyway);
+3. the instance's eval_script runs (reset test files, apply test_patch, tests between the official
+   markers), stdout+stderr merged, under the instance's eval timeout; the log is saved;
+4. `swebench.harness.grading.get_eval_report` reads that log with the parser the instance names
+   (PARSER_REGISTRY) and says FAIL_TO_PASS / PASS_TO_PASS -> resolved; reward 1.0 iff resolved.
+
+Any step that fails for a reason other than the model (test_patch does not apply, the tests hang,
+no test results in the log) returns an ``error``: the episode ends as eval_error and is discarded,
+never a reward of 0 that reads as the model's failure.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness_recipes.runtimes.base import ExecResult, Sandbox
+
+# Polar's bundled instances (data/swebench/), registered in swebench's repo -> parser map at import,
+# so swebench resolves their parser exactly as it does its own repos' (its pytest parser).
+POLAR_REPOS = ("benjaminp/six", "jpvanhal/inflection", "termcolor/termcolor")
+
+
+def register_repos() -> None:
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY, parse_log_pytest
+    for repo in POLAR_REPOS:
+        MAP_REPO_TO_PARSER_PY.setdefault(repo, parse_log_pytest)
+
+
+def known_parser(name: str) -> bool:
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    return name in PARSER_REGISTRY
+
+
+def parser_for_repo(repo: str) -> str:
+    """swebench's parser name for a repo (its MAP_REPO_TO_PARSER_PY), else its pytest parser."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+    register_repos()
+    fn = MAP_REPO_TO_PARSER_PY.get(repo)
+    if fn is not None:
+        for name, f in PARSER_REGISTRY.items():
+            if f is fn:
+                return name
+    return "parse_log_pytest"
+
+
+@dataclass
+class Grade:
+    reward: float
+    error: str = ""  # non-empty: not the model's doing; the episode is eval_error and discarded
+    resolved: bool = False
+    report: dict = field(default_factory=dict)  # swebench's report for the instance
+    log: ExecResult | None = None
+
+    def metadata(self) -> dict:
+        """What goes into the episode's end metadata (and from there into the shards)."""
+        tests = self.report.get("tests_status") or {}
+        return {"resolved": self.resolved,
+                "patch_successfully_applied": self.report.get("patch_successfully_applied", False),
+                "tests": {k: tests[k] for k in ("FAIL_TO_PASS", "PASS_TO_PASS") if k in tests},
+                **({"error": self.error} if self.error else {})}
+
+
+def test_spec(inst: dict):
+    from swebench.harness.utils import make_test_spec
+    return make_test_spec({**inst, "image": inst.get("image") or "", "eval_script": inst["eval_script"]})
+
+
+def grade_log(inst: dict, model_patch: str, log_path: Path) -> dict:
+    """swebench's report for one instance from its test log (the official function)."""
+    from swebench.harness.grading import get_eval_report
+    register_repos()
+    pred = {"instance_id": inst["instance_id"], "model_name_or_path": "polar", "model_patch": model_patch}
+    return get_eval_report(test_spec(inst), pred, str(log_path), include_tests_status=True)[inst["instance_id"]]
+
+
+def _text(res: ExecResult) -> str:
+    return (res.stdout + res.stderr).decode(errors="replace")
+
+
+async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: float, outdir: Path) -> Grade:
+    outdir.mkdir(parents=True, exist_ok=True)
+    wd = sandbox.workspace
+    base = inst["base_commit"]
+    # new files the model wrote are part of its patch (as `git add -A; git diff --cached` in SWE-agent):
+    # intent-to-add puts them in the diff without staging their content
+    await sandbox.exec(["git", "add", "--intent-to-add", "--all"], env, timeout=60, cwd=wd)
+    diff = await sandbox.exec(["git", "-c", "core.fileMode=false", "diff", base], env, timeout=60, cwd=wd)
+    if diff.rc != 0:
+        return Grade(0.0, f"git diff {base} failed in {wd}: {_text(diff)[-300:]}", log=diff)
+    model_patch = diff.stdout.decode(errors="replace")
+    (outdir / "model.patch").write_text(model_patch)
+
+    home = sandbox.home
+    await sandbox.write_file(f"{home}/test.patch", inst["test_patch"])
+    check = await sandbox.exec(["bash", "-c", _APPLY_CHECK, "check", base, f"{home}/test.patch"], env,
+                               timeout=120, cwd=wd)
+    if check.rc != 0:
+        return Grade(0.0, f"test_patch does not apply to base_commit {base}: {_text(check)[-400:]}", log=check)
+
+    await sandbox.write_file(f"{home}/eval.sh", inst["eval_script"])
+    res = await sandbox.exec(["bash", "-c", f"bash {home}/eval.sh 2>&1"], env, timeout=timeout, cwd=wd)
+    log_path = outdir / "test_output.txt"
+    log_path.write_bytes(res.stdout + res.stderr)
+    if res.timed_out:
+        return Grade(0.0, f"tests timed out after {timeout:g}s (eval_timeout)", log=res)
+    report = grade_log(inst, model_patch, log_path)
+    (outdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    if not report.get("patch_successfully_applied"):
+        why = report.get("infra_failure_reason") or "no test results in the log"
+        return Grade(0.0, f"swebench found no gradable test output ({why}); log: {log_path}", report=report, log=res)
+    resolved = bool(report.get("resolved"))
+    return Grade(1.0 if resolved else 0.0, resolved=resolved, report=report, log=res)
+
+
+# A throwaway worktree at base_commit: "does test_patch apply?" answered without touching /testbed.
+_APPLY_CHECK = r"""
+set -u
+base="$1"; patch="$2"; wt="$(mktemp -d)/check"
+git worktree add -q --detach "$wt" "$base" || exit 2
+git -C "$wt" apply --check "$patch"; rc=$?
+git worktree remove --force "$wt"
+exit $rc
+"""

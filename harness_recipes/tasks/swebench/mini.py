@@ -1,0 +1,153 @@
+"""Make data/swebench/mini.jsonl: Polar's SWE-style instances from real PyPI projects (a maintainer tool).
+
+    python -m harness_recipes.tasks.swebench.mini data/swebench
+
+For each project: its sdist (data/swebench/sources/, downloaded with
+`pip download --no-binary :all: --no-deps NAME==VERSION`, sha256 recorded in PROVENANCE.md), a
+planted bug (bugs/*.patch), the test that catches it (TEST below -> ``test_patch``), the fix
+(``patch`` = the bug reverted, as a git diff). The repository and its commits come from
+swebench_sources.py (deterministic); FAIL_TO_PASS / PASS_TO_PASS are measured, not written by
+hand: the eval script runs on the buggy and on the fixed tree in the instance's image (the one the
+episodes run in: runtimes/images.py; needs docker), each log read by swebench's pytest parser;
+FAIL_TO_PASS = failed before, passed after; PASS_TO_PASS = passed both times.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from harness_recipes.tasks.swebench.instances import eval_script_for
+from harness_recipes.tasks.swebench.sources import build_repo, git, sha256
+
+PROJECTS = [
+    {
+        "instance_id": "benjaminp__six-ensure-text-errors",
+        "repo": "benjaminp/six", "version": "1.17.0",
+        "sdist": "sources/six-1.17.0.tar.gz", "bug_patch": "bugs/six-ensure-text-errors.patch",
+        "url": "https://files.pythonhosted.org/packages/source/s/six/six-1.17.0.tar.gz",
+        "test_file": "test_six.py",
+        "test_cmd": "python3 -m pytest -rA -p no:cacheprovider test_six.py",
+        "test": '''
+
+def test_ensure_text_honours_errors():
+    assert six.ensure_text(b"caf\\xe9", errors="replace") == u"caf\\ufffd"
+    assert six.ensure_text(b"caf\\xe9", encoding="utf-8", errors="ignore") == u"caf"
+''',
+        "problem_statement": (
+            "six.ensure_text ignores its `errors` argument\n\n"
+            "`six.ensure_text(b'caf\\xe9', errors='replace')` raises UnicodeDecodeError instead of returning "
+            "'caf\\ufffd': the bytes are decoded with the default 'strict' error handler whatever `errors` says "
+            "(six.ensure_str honours it). Fix six.py so that six.ensure_text passes `errors` on when it decodes."),
+    },
+    {
+        "instance_id": "jpvanhal__inflection-ordinal-thirteen",
+        "repo": "jpvanhal/inflection", "version": "0.5.1",
+        "sdist": "sources/inflection-0.5.1.tar.gz", "bug_patch": "bugs/inflection-ordinal-thirteen.patch",
+        "url": "https://files.pythonhosted.org/packages/source/i/inflection/inflection-0.5.1.tar.gz",
+        "test_file": "test_inflection.py",
+        "test_cmd": "python3 -m pytest -rA -p no:cacheprovider test_inflection.py",
+        "test": '''
+
+def test_ordinal_of_the_thirteens():
+    for number in (13, 113, 1013, -13):
+        assert inflection.ordinal(number) == "th"
+    assert inflection.ordinalize(213) == "213th"
+''',
+        "problem_statement": (
+            "inflection.ordinal(13) returns 'rd'\n\n"
+            "inflection.ordinal(13) gives 'rd' and inflection.ordinalize(113) gives '113rd'; it must be 'th' "
+            "(13th, 113th), as for 11 and 12. Fix inflection/__init__.py."),
+    },
+    {
+        "instance_id": "termcolor__termcolor-no-color-argument",
+        "repo": "termcolor/termcolor", "version": "2.5.0",
+        "sdist": "sources/termcolor-2.5.0.tar.gz", "bug_patch": "bugs/termcolor-no-color-argument.patch",
+        "url": "https://files.pythonhosted.org/packages/source/t/termcolor/termcolor-2.5.0.tar.gz",
+        "test_file": "tests/test_termcolor.py",
+        "test_cmd": "PYTHONPATH=src python3 -m pytest -rA -p no:cacheprovider tests/test_termcolor.py",
+        "test": '''
+
+def test_no_color_argument_wins_over_force_color_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert colored("text", color="red", no_color=True) == "text"
+    assert colored("text", color="red", no_color=False) == "\\x1b[31mtext\\x1b[0m"
+''',
+        "problem_statement": (
+            "termcolor.colored(..., no_color=True) still colours the text\n\n"
+            "With FORCE_COLOR set, `termcolor.colored('text', 'red', no_color=True)` returns the coloured string, "
+            "and `no_color=False` returns plain text: the no_color argument works the wrong way round. The "
+            "argument must win over the environment. Fix src/termcolor/termcolor.py."),
+    },
+]
+
+
+def _status(container, inst: dict) -> dict[str, str]:
+    """The test statuses of one run of the eval script in the instance's container (swebench's parser)."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+    from swebench.harness.log_parsers.python import parse_log_pytest
+    # One stream, as the graders read it: the markers come from `set -x` on stderr, the tests on stdout.
+    res = container.exec_run(["bash", "-c", inst["eval_script"] + "\n", "eval"], workdir="/testbed")
+    log = res.output.decode(errors="replace")
+    if START_TEST_OUTPUT not in log:
+        raise SystemExit(f"{inst['instance_id']}: the eval script did not reach the tests:\n{log[-2000:]}")
+    return parse_log_pytest(log.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0], None)
+
+
+def _measure(client, inst: dict, repo: Path) -> tuple[dict, dict]:
+    """Statuses on the buggy tree and on the fixed tree, in the image the episodes use."""
+    from harness_recipes.runtimes.images import instance_image
+    image, _ = instance_image(client, inst, repo, log=print)
+    c = client.containers.run(image, ["sleep", "infinity"], detach=True, network_mode="none", init=True)
+    try:
+        before = _status(c, inst)
+        c.exec_run(["bash", "-c", f"git apply - <<'EOF_POLAR'\n{inst['patch']}\nEOF_POLAR"], workdir="/testbed")
+        after = _status(c, inst)
+    finally:
+        c.remove(force=True)
+    return before, after
+
+
+def make(outdir: Path) -> list[dict]:
+    from harness_recipes.runtimes.docker import _client
+    client = _client()
+    rows = []
+    for p in PROJECTS:
+        src = {"sdist": p["sdist"], "sha256": sha256(outdir / p["sdist"]), "url": p["url"], "bug_patch": p["bug_patch"]}
+        inst = {"instance_id": p["instance_id"], "repo": p["repo"], "version": p["version"], "polar_source": src}
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = Path(tmp) / "repo"
+            setup, base = build_repo(inst, outdir, repo)
+            fix = git(["diff", base, setup], repo) + "\n"
+            with open(repo / p["test_file"], "a") as f:
+                f.write(p["test"])
+            test_patch = git(["diff"], repo) + "\n"
+            git(["checkout", "-q", "--", "."], repo)
+            inst.update(base_commit=base, environment_setup_commit=setup, patch=fix, test_patch=test_patch,
+                        problem_statement=p["problem_statement"], hints_text="", created_at="2026-12-02T00:00:00Z",
+                        test_cmd=p["test_cmd"], log_parser="parse_log_pytest", eval_type="pass_and_fail")
+            inst["eval_script"] = eval_script_for(inst)
+            before, after = _measure(client, inst, repo)
+        f2p = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) in ("FAILED", "ERROR"))
+        p2p = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) == "PASSED")
+        if not f2p or any(s != "PASSED" for s in after.values() if s not in ("SKIPPED", "XFAIL")):
+            raise SystemExit(f"{p['instance_id']}: the fix does not make the tests pass: {after}")
+        inst.update(FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p)
+        rows.append(inst)
+    return rows
+
+
+def main() -> None:
+    outdir = Path(sys.argv[1] if len(sys.argv) > 1 else "data/swebench")
+    rows = make(outdir)
+    with open(outdir / "mini.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    for r in rows:
+        print(f"{r['instance_id']}: base {r['base_commit'][:12]}, FAIL_TO_PASS {len(r['FAIL_TO_PASS'])}, "
+              f"PASS_TO_PASS {len(r['PASS_TO_PASS'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Shard files and the build manifest (the I/O edge of reconstruction).
+
+The file names are the contract in shard_files.py. A shard is written to its temporary name one row
+group at a time and renamed only when complete, so a reader never sees a partial shard. The
+manifest (also written by rename) records the strategy and every
+episode already built; a crash between a shard's rename and the manifest's save is repaired on the
+next start by reading the ``episode_id`` column of shards the manifest does not know yet.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from polar_contracts.log.schema import SAMPLING_FIELDS
+from polar_contracts.shards import LOCK, MANIFEST, SHARD_RE, SHARD_TEMP_GLOB, shard_name, shard_temp_name, temp_name
+from polar_recon.strategies import Sequence
+
+SHARD_SCHEMA = pa.schema([
+    pa.field("episode_id", pa.string()),
+    pa.field("group_id", pa.string()),
+    pa.field("segment", pa.int32()),
+    pa.field("input_ids", pa.list_(pa.int32())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("logprobs", pa.list_(pa.float32())),
+    pa.field("prompt_len", pa.int32()),
+    pa.field("reward", pa.float64()),
+    pa.field("n_calls", pa.int32()),
+    pa.field("strategy", pa.string()),
+    pa.field("n_realign", pa.int32()),
+    pa.field("weight_version", pa.string()),
+    pa.field("model", pa.string()),
+    pa.field("group_size", pa.int32()),
+    pa.field("group_complete", pa.bool_()),
+    # The sampling columns, as in the log (logschema.SAMPLING_FIELDS: what the server applied to the
+    # row's calls, null = unknown). A row whose calls differ in one gets null there and the
+    # sampling_unsupported reason "mixed sampling parameters across calls" (sampling.py). The
+    # trainer computes its old-policy logprobs under the same transform, and excludes or refuses
+    # unsupported rows.
+    *SAMPLING_FIELDS,
+    # Context fidelity (link.py, fidelity.py): tokens of this row's context that differ from the
+    # prompt the server was served for a later call of the row, all of a KNOWN re-render class
+    # (the row keeps the sampled tokens; the served prompt held them re-rendered), and the names
+    # of those classes (link.REALIGN_CLASSES). 0 / [] = every call saw exactly its row prefix.
+    pa.field("realign_tokens", pa.int32()),
+    pa.field("realign_classes", pa.list_(pa.string())),
+    # How the row ended: stop | length | timeout | error (TERMINATIONS), for the trainer's
+    # mask_truncated_completions: the row's own last completion when it was cut (length) or failed,
+    # else the episode's end (timeout from the end metadata, else its last call's finish), so every
+    # row of a truncated episode says so (strategies.termination). null = unknown (an older build).
+    pa.field("termination", pa.string()),
+    # What the rollout's evaluation found beyond the reward (the end metadata's "eval", as JSON),
+    # e.g. a SWE-bench instance's resolved flag and per-test results (FAIL_TO_PASS / PASS_TO_PASS
+    # success and failure lists, swebench's report). null = the rollout recorded none.
+    pa.field("eval", pa.string()),
+])
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+# columns added by issue 15; a shard of an older build lacks them (readers treat them as null)
+FIDELITY_FIELDS = ("realign_tokens", "realign_classes", "termination")
+TERMINATIONS = ("stop", "length", "timeout", "error")
+
+
+class ManifestError(Exception):
+    pass
+
+
+def _list_array(arrays: list[np.ndarray], dtype) -> pa.Array:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)).cast(pa.list_(pa.from_numpy_dtype(dtype)))
+
+
+@dataclass
+class GroupRows:
+    """The sequences of one GRPO group, ready to write."""
+    group_id: str
+    episodes: list[tuple[str, float, list[Sequence]]]  # (episode_id, reward, sequences)
+    strategy: str
+    complete: bool = True
+    # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
+    excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
+    evals: dict[str, str] = field(default_factory=dict)  # episode_id -> the "eval" column (JSON)
+
+    def table(self) -> pa.Table:
+        seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
+        n = len(seqs)
+        cols = {
+            "episode_id": pa.array([e for e, _, _ in seqs], pa.string()),
+            "group_id": pa.array([self.group_id] * n, pa.string()),
+            "segment": pa.array([s.segment for _, _, s in seqs], pa.int32()),
+            "input_ids": _list_array([s.input_ids for _, _, s in seqs], np.int32),
+            "loss_mask": _list_array([s.loss_mask for _, _, s in seqs], np.int8),
+            "logprobs": _list_array([s.logprobs for _, _, s in seqs], np.float32),
+            "prompt_len": pa.array([s.prompt_len for _, _, s in seqs], pa.int32()),
+            "reward": pa.array([r for _, r, _ in seqs], pa.float64()),
+            "n_calls": pa.array([s.n_calls for _, _, s in seqs], pa.int32()),
+            "strategy": pa.array([self.strategy] * n, pa.string()),
+            "n_realign": pa.array([s.n_realign for _, _, s in seqs], pa.int32()),
+            "weight_version": pa.array([s.weight_version for _, _, s in seqs], pa.string()),
+            "model": pa.array([s.model for _, _, s in seqs], pa.string()),
+            "group_size": pa.array([len(self.episodes)] * n, pa.int32()),
+            "group_complete": pa.array([self.complete] * n, pa.bool_()),
+        }
+        for f in SAMPLING_FIELDS:
+            cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
+        for f in FIDELITY_FIELDS:
+            cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
+        cols["eval"] = pa.array([self.evals.get(e) for e, _, _ in seqs], pa.string())
+        return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)
+
+
+class ShardWriter:
+    """Writes one shard under a temporary name; `commit` renames it into place."""
+
+    def __init__(self, out: Path, number: int, compression: str = "zstd"):
+        self.out, self.number = out, number
+        self.path = out / shard_name(number)
+        self.tmp = out / shard_temp_name(number)
+        # Dictionary encoding and statistics only pay off on the small string columns; on token
+        # lists they cost more time than the whole reconstruction.
+        self._writer = pq.ParquetWriter(
+            str(self.tmp), SHARD_SCHEMA, compression=compression,
+            use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model", "logprobs_mode",
+                            "sampling_unsupported", "termination"],
+            write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
+        self.rows = 0
+        self.episodes: dict[str, str] = {}  # episode_id -> group_id
+        self.excluded: list[tuple[str, int, int, str]] = []
+
+    def write(self, group: GroupRows) -> None:
+        t = group.table()
+        if t.num_rows:
+            self._writer.write_table(t)
+        self.rows += t.num_rows
+        for eid, _, _ in group.episodes:
+            self.episodes[eid] = group.group_id
+        self.excluded += group.excluded
+
+    def commit(self) -> Path:
+        self._writer.close()
+        _fsync_file(self.tmp)
+        os.replace(self.tmp, self.path)
+        _fsync_dir(self.out)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync_file(path)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
+        pass
+
+
+@dataclass
+class Manifest:
+    out: Path
+    strategy: str
+    next_shard: int = 0
+    episodes: dict[str, dict] = field(default_factory=dict)  # episode_id -> {"shard": n, "group": g}
+    # episodes seen and deliberately not built (e.g. discarded by the rollout): episode_id ->
+    # {"reason": ..., "status": ...}; for `stats`, and so the count survives across builds
+    excluded: dict[str, dict] = field(default_factory=dict)
+    # sampled completions of BUILT episodes that train in no row (fidelity.EXCLUDE_REASONS):
+    # episode_id -> [{"call", "choice", "reason"}]; saved with `excluded_counts` {reason: n}
+    excluded_calls: dict[str, list] = field(default_factory=dict)
+    _dirty: bool = False
+
+    @classmethod
+    def open(cls, out: str | os.PathLike, strategy: str) -> Manifest:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / MANIFEST
+        m = cls(out, strategy)
+        m._lock()
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
+                m.excluded = dict(data.get("excluded") or {})
+                m.excluded_calls = dict(data.get("excluded_calls") or {})
+                built_with = data["strategy"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
+            if built_with != strategy:
+                raise ManifestError(f"{out} holds shards built with strategy {built_with!r}, not {strategy!r}: use another OUT")
+        m._adopt_unrecorded_shards()
+        for stale in out.glob(SHARD_TEMP_GLOB):  # a build killed mid-shard: never visible, drop it
+            stale.unlink(missing_ok=True)
+        return m
+
+    def _lock(self) -> None:
+        """One builder per OUT (shard numbers and the manifest are not shared): an advisory lock
+        held for the life of this process's manifest."""
+        import fcntl
+
+        self._lock_file = open(self.out / LOCK, "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise ManifestError(f"{self.out}: another polar-recon build/watch is writing here") from None
+
+    def close(self) -> None:
+        if getattr(self, "_lock_file", None) is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _adopt_unrecorded_shards(self) -> None:
+        for p in sorted(self.out.iterdir()):
+            mt = SHARD_RE.match(p.name)
+            if not mt or int(mt.group(1)) < self.next_shard:
+                continue
+            n = int(mt.group(1))
+            t = pq.read_table(p, columns=["episode_id", "group_id"])
+            for eid, gid in zip(t.column("episode_id").to_pylist(), t.column("group_id").to_pylist()):
+                self.episodes[eid] = {"shard": n, "group": gid}
+            self.next_shard = max(self.next_shard, n + 1)
+        if self.next_shard:
+            self.save()
+
+    def record(self, writer: ShardWriter) -> None:
+        for eid, gid in writer.episodes.items():
+            self.episodes[eid] = {"shard": writer.number, "group": gid}
+        for eid, call, choice, reason in writer.excluded:
+            self.excluded_calls.setdefault(eid, []).append({"call": call, "choice": choice, "reason": reason})
+        self.next_shard = max(self.next_shard, writer.number + 1)
+        self.save()
+
+    def exclude(self, episode_id: str, reason: str, status=None) -> None:
+        entry = {"reason": reason, "status": status}
+        if self.excluded.get(episode_id) != entry:
+            self.excluded[episode_id] = entry
+            self._dirty = True
+
+    def save_if_changed(self) -> None:
+        if self._dirty:
+            self.save()
+
+    def excluded_counts(self) -> dict[str, int]:
+        """Excluded episodes (by their reason) and excluded calls of built episodes (by theirs)."""
+        out: dict[str, int] = {}
+        for v in self.excluded.values():
+            r = f"episode: {v.get('reason')}" if isinstance(v, dict) else "episode"
+            out[r] = out.get(r, 0) + 1
+        for calls in self.excluded_calls.values():
+            for c in calls:
+                out[c["reason"]] = out.get(c["reason"], 0) + 1
+        return out
+
+    def save(self) -> None:
+        path = self.out / MANIFEST
+        tmp = self.out / temp_name(MANIFEST)
+        tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
+                                   "episodes": self.episodes, "excluded": self.excluded,
+                                   "excluded_calls": self.excluded_calls,
+                                   "excluded_counts": self.excluded_counts()}, sort_keys=True))
+        os.replace(tmp, path)
+        self._dirty = False
+
+    def new_shard(self) -> ShardWriter:
+        w = ShardWriter(self.out, self.next_shard)
+        self.next_shard += 1
+        return w
+
+
+def list_shards(out: str | os.PathLike) -> list[Path]:
+    return sorted(p for p in Path(out).iterdir() if SHARD_RE.match(p.name))

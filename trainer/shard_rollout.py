@@ -1,0 +1,178 @@
+"""Turn shard groups into the rows TRL's ``rollout_func`` must return.
+
+TRL's contract: ``rollout_func(prompts, trainer)`` gets the sampler's prompts already repeated
+``num_generations`` (G) times and returns exactly ``len(prompts)`` rows; consecutive runs of G
+rows form one GRPO group (``rewards.view(-1, G)``). The prompts are placeholders here: the shard
+stream decides what is trained.
+
+One shard row (a segment) -> one TRL row:
+    prompt_ids     = input_ids[:prompt_len]          (up to the first trainable token)
+    completion_ids = input_ids[prompt_len:]
+    env_mask       = loss_mask[prompt_len:]          (0 on tool/harness tokens inside the span)
+    logprobs       = logprobs[prompt_len:]           (behaviour logprobs; 0.0 where env_mask is 0)
+    reward         = the episode's reward            (consumed by ``shard_reward``)
+
+Groups and episodes (the unit of GRPO here is the episode: trainer/advantages.py):
+- Multi-segment episodes: each segment is its own row and carries its episode's reward; the
+  advantages are recomputed per episode (an episode counts once in its group's mean/std, whatever its
+  number of segments) and every segment gets its episode's advantage (grpo.py's hook).
+- policy "pad" (default): every row of every episode is kept. A group of R rows takes ceil(R/G)
+  consecutive blocks of G rows (the baseline is over the group's episodes, not per block), the last
+  block filled with padding rows (a copy of the first row's prompt plus one token, env_mask 0, reward
+  None: TRL treats a row whose every reward is None as unscorable, NaN reward, advantage 0; with
+  env_mask 0 it adds no token to the loss or to its normaliser). A group that does not fit in what is
+  left of the generation batch is put back into the source (its cursor stays before it) and comes
+  first in the next batch; the rest of this batch is padding (``groups_deferred``, ``rows_padded``).
+  A group larger than a whole generation batch cannot be trained without splitting its baseline: it
+  stops training with the sizes to raise (GroupTooLarge). A group with fewer than 2 episodes is
+  skipped (no baseline to compare against: its advantages would all be 0).
+- policy "skip" (opt-in, strict TRL shape): only groups of exactly G rows are trained; any other
+  group is skipped whole, with its episodes (counted: ``size_mismatch`` groups, and the rows).
+Every skip, pad and deferral is counted and logged.
+
+Rows the trainer must not train as they are (whole episodes excluded, counted by reason in
+``RolloutStats.rows_excluded`` and logged):
+- longer than ``max_length`` (the model's ``max_position_embeddings`` unless configured lower):
+  ``too_long``. TRL 1.16 truncates nothing on the ``rollout_func`` path (``max_prompt_length`` is gone
+  and ``max_completion_length`` only bounds its own generation), so a row past the model's positions
+  would be run as is; excluding its episode keeps the rest of the group trainable.
+Termination (shard column ``termination``: stop | length | timeout | error, one per episode): with
+``mask_truncated_completions`` on, every row of an episode that ended by ``length`` or ``timeout``
+gets env_mask 0 (no loss, no share of the normaliser; its reward still counts in the baseline, as in
+TRL); a row with no termination (an older shard) falls back to TRL's rule (last completion token not
+EOS/pad). The trainer turns TRL's own last-token rule off (it would mask a segment that ends in a tool
+result and keep a length-stopped one ending in EOS).
+
+Sampling (with importance-sampling correction on; trainer/behaviour_logprobs.py): every row's transform (the
+distribution its recorded logprobs reflect) is resolved from its columns by ``resolve_sampling``,
+which refuses raw/unknown logprob modes (LogprobsModeError) and excludes whole episodes containing a
+row the trainer cannot reproduce (``sampling_unsupported``, unknown top_k/top_p/min_p), with the
+reason; the rest of the group is fitted as above. Each TRL row carries its transform (``transform``,
+not forwarded to TRL: ShardRollout hands the list to the trainer's old-policy hook, in rollout order).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from trainer.behaviour_logprobs import row_transform
+from trainer.shard_source import Group
+
+POLICIES = ("pad", "skip")
+ROW_KEYS = ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward", "episode_id", "group_id",
+            "segment", "weight_version", "polar_pad", "termination")
+TERMINATIONS = ("stop", "length", "timeout", "error")
+TRUNCATED = ("length", "timeout")
+
+
+class GroupTooLarge(ValueError):
+    """A group needs more rows than a whole generation batch holds."""
+
+
+def segment_row(row: dict) -> dict:
+    p = row["prompt_len"]
+    ids = list(row["input_ids"])
+    return {
+        "prompt_ids": ids[:p],
+        "completion_ids": ids[p:],
+        "env_mask": [int(x) for x in row["loss_mask"][p:]],
+        "logprobs": [float(x) for x in row["logprobs"][p:]],
+        "reward": None if row["reward"] is None else float(row["reward"]),
+        "episode_id": row["episode_id"],
+        "group_id": row["group_id"],
+        "segment": int(row["segment"]),
+        "weight_version": row.get("weight_version"),
+        "polar_pad": False,
+        "termination": row.get("termination"),
+        "transform": row.get("polar_transform"),  # set by resolve_sampling; None without IS correction
+    }
+
+
+def pad_row(like: dict) -> dict:
+    """A row that trains nothing and is left out of its group's baseline."""
+    return {**like, "completion_ids": like["completion_ids"][:1], "env_mask": [0], "logprobs": [0.0],
+            "reward": None, "episode_id": None, "segment": -1, "polar_pad": True, "termination": None}
+
+
+def fit_group(group: Group, g: int, policy: str = "pad") -> tuple[list[dict] | None, str]:
+    """The group's rows laid out in whole blocks of g rows (a multiple of g, padding last), or
+    (None, reason) when it must be skipped (module doc)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown group size policy {policy!r}; expected one of {POLICIES}")
+    rows = [segment_row(r) for r in group.rows]
+    if policy == "skip":
+        return (rows, "") if len(rows) == g else (None, f"{len(rows)} rows != num_generations {g}")
+    n_eps = len(group.episodes)
+    if n_eps < 2:
+        return None, f"{n_eps} episode(s) ({len(rows)} rows): no baseline to compare against"
+    n = -(-len(rows) // g) * g
+    note = "" if n == len(rows) else f"{n_eps} episodes, {len(rows)} rows in {n // g} block(s) of {g}, padded {n - len(rows)}"
+    return rows + [pad_row(rows[0]) for _ in range(n - len(rows))], note
+
+
+def exclude_too_long(group: Group, max_length: int | None) -> tuple[Group, list[tuple[str, int, str]]]:
+    """The group without the episodes that have a row longer than ``max_length`` tokens, and
+    [(episode_id, rows excluded, reason)]."""
+    if max_length is None:
+        return group, []
+    long = {}
+    for r in group.rows:
+        if len(r["input_ids"]) > max_length:
+            long.setdefault(r["episode_id"], f"a row of {len(r['input_ids'])} tokens > max_length {max_length}")
+    if not long:
+        return group, []
+    excluded = [(ep, sum(r["episode_id"] == ep for r in group.rows), why) for ep, why in long.items()]
+    return replace(group, rows=[r for r in group.rows if r["episode_id"] not in long]), excluded
+
+
+def mask_truncated(rows: list[dict], eos_and_pad: set[int]) -> int:
+    """Zero env_mask of every row whose episode ended by length/timeout (rows without a termination:
+    TRL's rule, last completion id not EOS/pad). Returns how many rows it masked."""
+    n = 0
+    for r in rows:
+        if r["polar_pad"]:
+            continue
+        t = r.get("termination")
+        if t is not None and t not in TERMINATIONS:
+            raise ValueError(f"episode {r['episode_id']}: termination {t!r} not in {TERMINATIONS}")
+        cut = t in TRUNCATED if t is not None else r["completion_ids"][-1] not in eos_and_pad
+        if cut:
+            r["env_mask"] = [0] * len(r["env_mask"])
+            n += 1
+    return n
+
+
+def resolve_sampling(group: Group, served_default_temperature: float) -> tuple[Group, list[tuple[str, int, str]]]:
+    """The group without the episodes the trainer cannot reproduce, every kept row carrying its
+    transform (``polar_transform``), and [(episode_id, rows excluded, reason)]. Raises
+    LogprobsModeError (trainer/behaviour_logprobs.py) for a raw or unknown logprob mode."""
+    reasons: dict[str, str] = {}
+    rows = []
+    for i, r in enumerate(group.rows):
+        t, why = row_transform(r, served_default_temperature, f"{group.shard} group {group.group_id} row {i}")
+        if t is None:
+            reasons.setdefault(r["episode_id"], why)
+        rows.append({**r, "polar_transform": t})
+    kept = [r for r in rows if r["episode_id"] not in reasons]
+    excluded = [(ep, sum(r["episode_id"] == ep for r in rows), why) for ep, why in reasons.items()]
+    return replace(group, rows=kept), excluded
+
+
+@dataclass
+class RolloutStats:
+    groups: int = 0
+    rows_padded: int = 0
+    groups_deferred: int = 0  # put back for the next generation batch (did not fit in this one's rest)
+    groups_multi_block: int = 0  # laid out over more than one block of G rows
+    rows_masked_truncated: int = 0  # env_mask zeroed: episode ended by length/timeout
+    skipped: Counter = field(default_factory=Counter)
+    rows_skipped: int = 0  # rows of skipped groups
+    # whole episodes excluded, rows by reason: sampling the trainer cannot reproduce, too_long
+    rows_excluded: Counter = field(default_factory=Counter)
+    # Per batch, reset by the trainer when it logs them.
+    landing_latency: list[float] = field(default_factory=list)
+    policy_lag: list[float] = field(default_factory=list)
+
+
+def rows_to_columns(rows: list[dict]) -> dict[str, list]:
+    return {k: [r[k] for r in rows] for k in ROW_KEYS}
