@@ -32,17 +32,18 @@ from addon.logprobs_probe import PROBE_TIMEOUT, ModeCache, probe_upstream
 from addon.mitmproxy_patches import FastDispatch, Tuning
 from addon.open_logs import MAX_OPEN, EpisodeFinished, Episodes
 from addon.redact import CleanRequests, credential_values
-from addon.routing import CHAT_PATH, PREFIX, RouteError, api_of, check_episode_id, parse_end_body, route
+from addon.routing import CHAT_PATH, RouteError, api_of, check_episode_id, route
 from addon.server_dialects import DIALECTS, dialect_from_models
 from addon.server_weights import KINDS as SERVER_KINDS
-from addon.weight_hold import ENDPOINTS as WEIGHT_ENDPOINTS
-from addon.weight_hold import (
+from addon.weight_hold import HoldTimeout, UpstreamWeights
+from polar_contracts.control import ENDPOINTS as WEIGHT_ENDPOINTS
+from polar_contracts.control import (
     HOLD_PATH,
+    PREFIX,
     RELEASE_PATH,
     SYNC_PATH,
-    HoldTimeout,
-    SyncRequestError,
-    UpstreamWeights,
+    ControlRequestError,
+    parse_end_body,
     parse_hold_body,
     parse_release_body,
     parse_sync_request,
@@ -406,7 +407,7 @@ class PolarAddon:
             else:
                 path, version, peers_drained = parse_sync_request(req.content or b"")
                 status, answer = await self._sync(flow, uw, path, version, peers_drained)
-        except SyncRequestError as exc:
+        except ControlRequestError as exc:
             flow.response = _error_response(400, str(exc))
             return
         if status != 200:
@@ -529,7 +530,7 @@ class PolarAddon:
         try:
             reward, meta = parse_end_body(flow.request.content or b"")
             n = self.episodes.end(episode_id, reward, meta, on_end)
-        except RouteError as exc:
+        except ControlRequestError as exc:
             flow.response = _error_response(400, str(exc))
             return
         except EpisodeFinished as exc:

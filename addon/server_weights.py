@@ -27,8 +27,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from polar_contracts.control import SERVE_RELOAD_PATH, SERVE_VERSION_PATH
+
 KINDS = ("vllm", "sglang", "polar-serve")
-VERSION_PATH = {"vllm": "/weight_info", "sglang": "/model_info", "polar-serve": "/polar/weight_version"}
+VERSION_PATH = {"vllm": "/weight_info", "sglang": "/model_info", "polar-serve": SERVE_VERSION_PATH}
 # auto: the first of these the server answers names its kind (vLLM's route only exists in dev mode)
 PROBE_ORDER = ("vllm", "sglang", "polar-serve")
 ATOMIC = {"vllm": False, "sglang": True, "polar-serve": True}
@@ -73,7 +75,7 @@ def sync_steps(kind: str, path: str, version: str, drained: bool) -> list[Step]:
         return [Step("update_weights_from_disk", "POST", "/update_weights_from_disk",
                      {"model_path": path, "weight_version": version}, loads=True)]
     if kind == "polar-serve":
-        return [Step("reload", "POST", "/polar/reload", {"model": path, "weight_version": version}, loads=True)]
+        return [Step("reload", "POST", SERVE_RELOAD_PATH, {"model": path, "weight_version": version}, loads=True)]
     raise ValueError(f"unknown server kind {kind!r}; one of {KINDS}")
 
 

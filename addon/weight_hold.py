@@ -31,7 +31,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from polar_contracts.weight_versions import VERSION_RE, check_version, is_marker, unknown
+from polar_contracts.weight_versions import unknown
 
 from .server_weights import (
     ATOMIC,
@@ -45,16 +45,7 @@ from .server_weights import (
 from .weight_gate import SERVING, GateBusy, Ticket, WeightGate
 
 log = logging.getLogger("polar")
-SYNC_PATH = "/polar/@weights"
 SYNC_LOG = "weight-syncs.jsonl"
-HOLD_PATH = SYNC_PATH + "/hold"
-RELEASE_PATH = SYNC_PATH + "/release"
-ENDPOINTS = (SYNC_PATH, HOLD_PATH, RELEASE_PATH)
-SYNC_BODY_KEYS = frozenset({"path", "version"})
-SYNC_OPTIONAL_KEYS = frozenset({"peers_drained"})
-HOLD_BODY_KEYS = frozenset({"version", "lease_s"})
-RELEASE_BODY_KEYS = frozenset({"version", "weight_version", "ok"})
-MAX_LEASE_S = 24 * 3600.0
 DETECT_RETRY_S = 30.0  # an upstream whose version could not be read is asked again after this
 
 # (method, url, json body or None, headers, timeout) -> (status, body)
@@ -63,74 +54,6 @@ Http = Callable[[str, str, Any, dict, float], Awaitable[tuple[int, bytes]]]
 
 class HoldTimeout(Exception):
     """A call waited at the gate longer than polar_sync_hold_max_ms."""
-
-
-class SyncRequestError(ValueError):
-    """A sync request the proxy refuses (HTTP 400); the message names the problem."""
-
-
-def _json_object(raw: bytes, what: str, keys: frozenset, optional: frozenset = frozenset()) -> dict:
-    try:
-        obj = json.loads(raw or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SyncRequestError(f"{what} body is not valid JSON: {exc}") from None
-    shape = "{" + ", ".join(f'"{k}": ...' for k in sorted(keys)) + "}"
-    if not isinstance(obj, dict):
-        raise SyncRequestError(f"{what} body must be a JSON object {shape}")
-    extra, missing = set(obj) - keys - optional, keys - set(obj)
-    if extra or missing:
-        raise SyncRequestError(f"{what} body: unknown keys {sorted(extra)}, missing keys {sorted(missing)}; "
-                               f"expected {shape}" + (f" (optional: {sorted(optional)})" if optional else ""))
-    return obj
-
-
-def _version(v: object, what: str) -> str:
-    try:
-        return check_version(v, what)
-    except ValueError as exc:
-        raise SyncRequestError(str(exc)) from None
-
-
-def parse_sync_body(raw: bytes) -> tuple[str, str]:
-    """(path, version) of a POST /polar/@weights body, validated strictly."""
-    return parse_sync_request(raw)[:2]
-
-
-def parse_sync_request(raw: bytes) -> tuple[str, str, bool]:
-    """(path, version, peers_drained) of a POST /polar/@weights body; ``peers_drained`` (default
-    true) is false when another proxy in front of the same server still had calls in flight."""
-    obj = _json_object(raw, "weight sync", SYNC_BODY_KEYS, SYNC_OPTIONAL_KEYS)
-    path = obj["path"]
-    if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
-        raise SyncRequestError(f"weight sync 'path' must be a non-empty directory path string, not {path!r}")
-    peers_drained = obj.get("peers_drained", True)
-    if not isinstance(peers_drained, bool):
-        raise SyncRequestError(f"weight sync 'peers_drained' must be true or false, not {peers_drained!r}")
-    return path, _version(obj["version"], "weight sync 'version'"), peers_drained
-
-
-def parse_hold_body(raw: bytes) -> tuple[str, float]:
-    """(version, lease_s) of a POST /polar/@weights/hold body."""
-    obj = _json_object(raw, "weight hold", HOLD_BODY_KEYS)
-    lease = obj["lease_s"]
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 < lease <= MAX_LEASE_S:
-        raise SyncRequestError(f"weight hold 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:g}], "
-                               f"not {lease!r}")
-    return _version(obj["version"], "weight hold 'version'"), float(lease)
-
-
-def parse_release_body(raw: bytes) -> tuple[str, str | None, bool]:
-    """(version held for, weight_version after, ok) of a POST /polar/@weights/release body. The
-    version after may be a marker (the sync failed and left the weights unknown) or null."""
-    obj = _json_object(raw, "weight release", RELEASE_BODY_KEYS)
-    after, ok = obj["weight_version"], obj["ok"]
-    if not isinstance(ok, bool):
-        raise SyncRequestError(f"weight release 'ok' must be true or false, not {ok!r}")
-    if after is not None and not (isinstance(after, str) and 0 < len(after) <= 1024 and
-                                  (is_marker(after) or VERSION_RE.match(after))):
-        raise SyncRequestError(f"weight release 'weight_version' must be a version, a spans:/unknown: marker "
-                               f"or null, not {after!r}")
-    return _version(obj["version"], "weight release 'version'"), after, ok
 
 
 async def urllib_http(method: str, url: str, body: Any, headers: dict, timeout: float) -> tuple[int, bytes]:

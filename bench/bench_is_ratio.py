@@ -74,7 +74,8 @@ def measure(shards: Path, model_dir: Path, g: int, groups: int, work: Path) -> d
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.grpo_config import PolarGRPOConfig
+    from trainer.grpo_trainer import PolarGRPOTrainer
 
     class Measuring(PolarGRPOTrainer):
         def _generate_and_score_completions(self, inputs):

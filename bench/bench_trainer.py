@@ -68,7 +68,8 @@ def run(args, mode: str) -> dict:
 
     from harness_recipes.cache import tiny_model
     from polar_recon.testing import write_shard
-    from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.grpo_config import PolarGRPOConfig
+    from trainer.grpo_trainer import PolarGRPOTrainer
     from trainer.shard_source import ShardSource
 
     torch.set_num_threads(args.threads)

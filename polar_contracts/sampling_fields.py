@@ -2,7 +2,7 @@
 writes them and the reconstruction that carries them into shards.
 
 Columns: ``temperature``, ``top_p``, ``top_k``, ``min_p`` (the values the server ACTUALLY applied),
-``logprobs_mode`` and ``sampling_unsupported`` (see logschema.py). Values are normalised so that
+``logprobs_mode`` and ``sampling_unsupported`` (their types: SAMPLING_FIELDS below). Values are normalised so that
 one distribution has one spelling whatever the server:
 
 - ``top_k`` disabled is -1 (vLLM accepts 0 or -1, SGLang -1 and uses ``1 << 30`` internally);
@@ -20,9 +20,29 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# The columns, in schema order.
-PARAMS = ("temperature", "top_p", "top_k", "min_p")
-COLUMNS = (*PARAMS, "logprobs_mode", "sampling_unsupported")
+import pyarrow as pa
+
+# The columns, in log and shard schema order (log schema v3 added them; the shards carry them
+# unchanged): the sampling the server ACTUALLY applied (the request's value, else the served
+# model's default; see addon/applied_sampling.py).
+SAMPLING_FIELDS: list[pa.Field] = [
+    # Normalised: top_k disabled = -1, top_p disabled = 1.0, min_p disabled = 0.0, greedy =
+    # temperature 0.0; null = unknown (never guessed).
+    pa.field("temperature", pa.float64()),
+    pa.field("top_p", pa.float64()),
+    pa.field("top_k", pa.int32()),
+    pa.field("min_p", pa.float64()),
+    # what the server's logprobs are: "processed" (after temperature, penalties and the
+    # top-k/top-p/min-p masks, renormalised: vLLM --logprobs-mode processed_logprobs), "raw"
+    # (log-softmax of the raw logits: stock vLLM), "scaled" (log-softmax of logits/T before any
+    # truncation: SGLang 0.5.23); null = unknown (the addon's probe could not tell)
+    pa.field("logprobs_mode", pa.string()),
+    # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
+    # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
+    pa.field("sampling_unsupported", pa.string()),
+]
+COLUMNS = tuple(f.name for f in SAMPLING_FIELDS)
+PARAMS = COLUMNS[:4]  # the numeric parameters: temperature, top_p, top_k, min_p
 LOGPROBS_MODES = ("processed", "raw", "scaled")
 MIXED = "mixed sampling parameters across calls"
 GREEDY_EPS = 1e-5  # vLLM _SAMPLING_EPS, SGLang's greedy threshold: below it the server samples greedily

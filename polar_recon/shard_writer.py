@@ -17,53 +17,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from polar_contracts.log.schema import SAMPLING_FIELDS
-from polar_contracts.shards import LOCK, MANIFEST, SHARD_RE, SHARD_TEMP_GLOB, shard_name, shard_temp_name, temp_name
+from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
+from polar_contracts.shards import (
+    FIDELITY_COLUMNS,
+    LOCK,
+    MANIFEST,
+    SHARD_RE,
+    SHARD_SCHEMA,
+    SHARD_TEMP_GLOB,
+    shard_name,
+    shard_temp_name,
+    temp_name,
+)
 from polar_recon.strategies import Sequence
-
-SHARD_SCHEMA = pa.schema([
-    pa.field("episode_id", pa.string()),
-    pa.field("group_id", pa.string()),
-    pa.field("segment", pa.int32()),
-    pa.field("input_ids", pa.list_(pa.int32())),
-    pa.field("loss_mask", pa.list_(pa.int8())),
-    pa.field("logprobs", pa.list_(pa.float32())),
-    pa.field("prompt_len", pa.int32()),
-    pa.field("reward", pa.float64()),
-    pa.field("n_calls", pa.int32()),
-    pa.field("strategy", pa.string()),
-    pa.field("n_realign", pa.int32()),
-    pa.field("weight_version", pa.string()),
-    pa.field("model", pa.string()),
-    pa.field("group_size", pa.int32()),
-    pa.field("group_complete", pa.bool_()),
-    # The sampling columns, as in the log (logschema.SAMPLING_FIELDS: what the server applied to the
-    # row's calls, null = unknown). A row whose calls differ in one gets null there and the
-    # sampling_unsupported reason "mixed sampling parameters across calls" (sampling.py). The
-    # trainer computes its old-policy logprobs under the same transform, and excludes or refuses
-    # unsupported rows.
-    *SAMPLING_FIELDS,
-    # Context fidelity (link.py, fidelity.py): tokens of this row's context that differ from the
-    # prompt the server was served for a later call of the row, all of a KNOWN re-render class
-    # (the row keeps the sampled tokens; the served prompt held them re-rendered), and the names
-    # of those classes (link.REALIGN_CLASSES). 0 / [] = every call saw exactly its row prefix.
-    pa.field("realign_tokens", pa.int32()),
-    pa.field("realign_classes", pa.list_(pa.string())),
-    # How the row ended: stop | length | timeout | error (TERMINATIONS), for the trainer's
-    # mask_truncated_completions: the row's own last completion when it was cut (length) or failed,
-    # else the episode's end (timeout from the end metadata, else its last call's finish), so every
-    # row of a truncated episode says so (strategies.termination). null = unknown (an older build).
-    pa.field("termination", pa.string()),
-    # What the rollout's evaluation found beyond the reward (the end metadata's "eval", as JSON),
-    # e.g. a SWE-bench instance's resolved flag and per-test results (FAIL_TO_PASS / PASS_TO_PASS
-    # success and failure lists, swebench's report). null = the rollout recorded none.
-    pa.field("eval", pa.string()),
-])
-
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
-# columns added by issue 15; a shard of an older build lacks them (readers treat them as null)
-FIDELITY_FIELDS = ("realign_tokens", "realign_classes", "termination")
-TERMINATIONS = ("stop", "length", "timeout", "error")
 
 
 class ManifestError(Exception):
@@ -108,9 +74,9 @@ class GroupRows:
             "group_size": pa.array([len(self.episodes)] * n, pa.int32()),
             "group_complete": pa.array([self.complete] * n, pa.bool_()),
         }
-        for f in SAMPLING_FIELDS:
+        for f in SAMPLING_COLUMNS:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
-        for f in FIDELITY_FIELDS:
+        for f in FIDELITY_COLUMNS:
             cols[f] = pa.array([getattr(s, f) for _, _, s in seqs], SHARD_SCHEMA.field(f).type)
         cols["eval"] = pa.array([self.evals.get(e) for e, _, _ in seqs], pa.string())
         return pa.Table.from_pydict(cols, schema=SHARD_SCHEMA)

@@ -281,16 +281,17 @@ def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: in
 
 def write_shard(out_dir, seq_no: int, rows: list[dict], filesystem=None) -> str:
     """Write shard `seq_no` to a temporary name, then rename: exactly what polar-recon does. The
-    schema is the contract's (polar_recon.shard_writer.SHARD_SCHEMA; a key a row lacks is null), without
+    schema is the contract's (polar_contracts.shards.SHARD_SCHEMA; a key a row lacks is null), without
     the sampling columns (``temperature``, ``top_p``, ...) that no row has (``row`` sets only those
     it is given), as a shard of an older build. Returns the name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from polar_recon.shard_writer import FIDELITY_FIELDS, SAMPLING_FIELDS, SHARD_SCHEMA
+    from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
+    from polar_contracts.shards import FIDELITY_COLUMNS, SHARD_SCHEMA
 
     schema = SHARD_SCHEMA
-    for c in (*SAMPLING_FIELDS, *FIDELITY_FIELDS):
+    for c in (*SAMPLING_COLUMNS, *FIDELITY_COLUMNS):
         if not any(c in r for r in rows):
             schema = schema.remove(schema.get_field_index(c))
     table = pa.Table.from_pylist(rows, schema=schema)

@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from polar_contracts.chat.render import RequestError, render_chat
+from polar_contracts.control import SERVE_RELOAD_PATH, SERVE_VERSION_PATH
 from polar_serve.dialect_base import Dialect
 
 from .engine import Engine, Job
@@ -122,8 +123,8 @@ class Server:
         r.add_post("/tokenize", self.wrap(self.tokenize))
         r.add_post("/detokenize", self.wrap(self.detokenize))
         r.add_get("/health", self.wrap(self.health))
-        r.add_get("/polar/weight_version", self.wrap(self.get_version))
-        r.add_post("/polar/reload", self.wrap(self.reload))
+        r.add_get(SERVE_VERSION_PATH, self.wrap(self.get_version))
+        r.add_post(SERVE_RELOAD_PATH, self.wrap(self.reload))
         self.dialect.extra_routes(self, r)
 
     def wrap(self, fn):

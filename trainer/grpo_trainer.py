@@ -90,259 +90,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from trainer.advantages import episode_advantages
 from trainer.behaviour_logprobs import Transform, token_logprobs
-from trainer.is_correction import MODES, is_ratio
-from trainer.row_temperature import check_rows, generation_default
-from trainer.shard_rollout import (
-    POLICIES,
-    GroupTooLarge,
-    RolloutStats,
-    exclude_too_long,
-    fit_group,
-    mask_truncated,
-    pad_row,
-    resolve_sampling,
-    rows_to_columns,
-)
-from trainer.shard_source import NoShardsError, ShardCursor, ShardSource
+from trainer.grpo_config import PolarGRPOConfig
+from trainer.is_correction import is_ratio
+from trainer.row_temperature import generation_default
+from trainer.shard_rollout import ShardRollout, shard_reward
+from trainer.shard_source import ShardCursor, ShardSource
 
 log = logging.getLogger(__name__)
 
 PLACEHOLDER_PROMPT = "<polar: the rollout comes from a shard>"
 PER_ROW_MEAN_LOSSES = ("grpo", "sapo")  # TRL losses that average each row's token mean over rows
-
-
-@dataclass
-class PolarGRPOConfig(GRPOConfig):
-    """GRPOConfig plus the shard stream. Importance sampling reuses TRL's own fields
-    ``vllm_importance_sampling_correction`` (default True), ``vllm_importance_sampling_mode``
-    (token_truncate | token_mask | sequence_truncate | sequence_mask, default sequence_mask),
-    ``vllm_importance_sampling_clip_max`` (3.0) and ``vllm_importance_sampling_clip_min`` (None),
-    applied to the recorded behaviour logprobs with ``use_vllm=False``."""
-
-    shards: str | None = field(default=None, metadata={
-        "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
-    shard_poll_interval: float = field(default=1.0, metadata={"help": "Seconds between directory listings."})
-    shard_wait_timeout: float | None = field(default=None, metadata={
-        "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
-    max_policy_lag: int | None = field(default=None, metadata={
-        "help": "Drop groups whose weight_version is more than this many syncs behind the current one, by the "
-        "sync history (and groups whose version is unknown or spans a sync). None: keep all."})
-    group_size_policy: str = field(default="pad", metadata={
-        "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
-        "padding rows) or 'skip'."})
-    drop_incomplete_groups: bool = field(default=False, metadata={
-        "help": "Drop groups recon wrote after a timeout (group_complete=false)."})
-    shard_max_length: int | None = field(default=None, metadata={
-        "help": "Exclude (counted, logged: too_long) episodes with a row longer than this many tokens. Default: "
-        "the model's max_position_embeddings. TRL truncates nothing on the rollout_func path."})
-    # Weight sync (trainer/weight_sync.py). Off unless sync_server is set.
-    sync_server: str | None = field(default=None, metadata={
-        "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
-    sync_steps: int = field(default=1, metadata={"help": "Push the weights every this many optimizer steps."})
-    sync_mode: str = field(default="polar", metadata={
-        "help": "'proxy': full weights + POST /polar/@weights to the capture proxy (sync_server = the proxy's URL; "
-        "it holds calls and has vLLM, SGLang or polar-serve load them); 'polar': full weights + POST "
-        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter; 'fleet': full weights "
-        "through a running polar-rollout fleet's coordinator (sync_server = the Ray address, auto | HOST:PORT): "
-        "every proxy of every node holds while the server loads them once."})
-    sync_dir: str | None = field(default=None, metadata={
-        "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
-    sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
-    lora_name: str = field(default="polar", metadata={"help": "Adapter name for sync_mode=vllm_lora."})
-    served_default_temperature: float | None = field(default=None, metadata={
-        "help": "The temperature the server applies to requests that set none (its model's "
-        "generation_config.json). Default: the policy model's generation_config. Every shard row's "
-        "sampling temperature must equal --temperature (trainer/row_temperature.py)."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.use_vllm:
-            raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "
-                             "(importance sampling uses the recorded logprobs instead)")
-        if self.vllm_importance_sampling_mode not in MODES:
-            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {MODES}")
-        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
-                and not self.vllm_importance_sampling_mode.startswith("token"):
-            raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
-        if self.group_size_policy not in POLICIES:
-            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
-        if self.max_steps is None or self.max_steps <= 0:
-            raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
-        if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
-            raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "proxy", "vllm_lora", "fleet"):  # (trainer/weight_sync.py)
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora', 'fleet')")
-        self._check_save_alignment()
-
-    def _check_save_alignment(self) -> None:
-        # The cursor counts groups handed to the trainer. It equals "groups trained" only at checkpoints
-        # that fall on a generation boundary; refuse a save_steps that could land mid-generation.
-        generate_every = self.steps_per_generation * self.num_iterations  # micro-steps per rollout
-        save = self.save_steps
-        if str(self.save_strategy).lower().endswith("steps") and save and save >= 1 and float(save).is_integer():
-            if (int(save) * self.gradient_accumulation_steps) % generate_every:
-                raise ValueError(
-                    f"save_steps={int(save)} would checkpoint in the middle of a rollout batch (a rollout spans "
-                    f"{generate_every} micro-steps = steps_per_generation {self.steps_per_generation} x "
-                    f"num_iterations {self.num_iterations}, gradient_accumulation_steps "
-                    f"{self.gradient_accumulation_steps}); the shard cursor would then be inexact. Use a multiple.")
-
-
-def shard_reward(prompts, completions, reward, **kwargs) -> list[float | None]:
-    """The reward recorded in the shard (the episode's reward; None on padding rows)."""
-    return list(reward)
-
-
-class ShardRollout:
-    """The ``rollout_func``: fills len(prompts) rows with whole groups from the source (rollout.py)."""
-
-    def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
-                 wait_timeout: float | None = None, temperature: float | None = None,
-                 served_default_temperature: float = 1.0, is_correction: bool = False,
-                 max_length: int | None = None, mask_truncated: bool = False):
-        self.source = source
-        self.g = num_generations
-        self.policy = policy
-        self.wait_timeout = wait_timeout
-        self.temperature = temperature  # the trainer's; None: not checked
-        self.served_default_temperature = served_default_temperature
-        self.is_correction = is_correction  # resolve each row's sampling transform (refuse / exclude)
-        self.max_length = max_length  # rows longer: episode excluded (too_long)
-        self.mask_truncated = mask_truncated  # the trainer's mask_truncated_completions
-        self.stats = RolloutStats()
-        self.batch_transforms: list[Transform | None] = []  # of the last call's rows, in order
-
-    def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
-        if len(prompts) % self.g:
-            raise ValueError(f"{len(prompts)} prompts is not a multiple of num_generations {self.g}")
-        world = self.source.world_size
-        rows = self._fill(len(prompts), trainer) if world == 1 else self._fill_in_lockstep(len(prompts), trainer)
-        if self.mask_truncated:
-            eos = set(getattr(trainer, "eos_token_ids", None) or [])
-            tok = getattr(trainer, "_tokenizer", None)
-            if tok is not None and tok.pad_token_id is not None:
-                eos.add(tok.pad_token_id)
-            self.stats.rows_masked_truncated += mask_truncated(rows, eos)
-        self.batch_transforms = [r["transform"] for r in rows]
-        return rows_to_columns(rows)
-
-    def _fill(self, n: int, trainer, timeout: float | None = None, block: bool = True) -> list[dict]:
-        """Rows for this rank: whole groups, then padding blocks when the next group does not fit.
-        ``block`` False: stop (returning what it has) when no group is available right now."""
-        rows = getattr(self, "_partial", None) or []
-        self._partial = None
-        while len(rows) < n:
-            if block:
-                group = self.source.next_group(self.wait_timeout if timeout is None else timeout)
-            else:
-                group = self.source.try_next()
-                if group is None:
-                    self._partial = rows
-                    return rows
-            fitted = self._prepare(group)
-            if fitted is None:
-                continue
-            if len(fitted) > n:
-                raise GroupTooLarge(
-                    f"group {group.group_id} of {group.shard} needs {len(fitted)} rows ({len(group.episodes)} "
-                    f"episodes, {len(group.rows)} segments) but a generation batch holds {n} per rank: raise "
-                    "per_device_train_batch_size x steps_per_generation (or num_generations) so a whole group "
-                    "fits; its episodes share one baseline and cannot be split across batches")
-            if len(fitted) > n - len(rows):
-                self.source.push_back(group)  # first in the next batch; the cursor stays before it
-                self.stats.groups_deferred += 1
-                log.info("group %s of %s (%d rows) does not fit in the %d rows left of this batch: next batch",
-                         group.group_id, group.shard, len(fitted), n - len(rows))
-                pads = [pad_row(rows[0] if rows else fitted[0]) for _ in range(n - len(rows))]
-                self.stats.rows_padded += len(pads)
-                rows += pads
-                break
-            self._account(group, fitted)
-            rows += fitted
-        if not block:
-            self._partial = rows  # kept until every rank is done (lockstep); the caller clears it
-        return rows
-
-    def _fill_in_lockstep(self, n: int, trainer) -> list[dict]:
-        """Several ranks: each fills from its own partition without blocking; every poll interval all
-        ranks exchange whether they are done and whether one ran past the wait timeout. They finish
-        together, and when any rank runs out (timeout) every rank raises NoShardsError together: no
-        rank is left alone in a collective while another waits for data. With no timeout, all ranks
-        wait together for as long as data takes (a stream)."""
-        import torch
-
-        t0 = time.monotonic()
-        while True:
-            error = None
-            try:
-                rows = self._fill(n, trainer, block=False)
-            except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
-                error, rows = e, []
-            timed_out = self.wait_timeout is not None and time.monotonic() - t0 >= self.wait_timeout
-            mine = torch.tensor([[len(rows) >= n, timed_out and len(rows) < n, error is not None]],
-                                dtype=torch.long, device=trainer.accelerator.device)
-            flags = trainer.accelerator.gather(mine).view(-1, 3).cpu()
-            if bool(flags[:, 2].any()):  # a rank failed (bad shard, refused sampling, ...): all stop
-                if error is not None:
-                    raise error
-                bad = [r for r in range(flags.size(0)) if flags[r, 2]]
-                raise RuntimeError(f"rank(s) {bad} failed while reading their shard groups (their log says why); "
-                                   "every rank stops here")
-            if bool(flags[:, 0].all()):
-                self._partial = None
-                self.source.stats.wait_seconds += time.monotonic() - t0
-                return rows
-            if bool(flags[:, 1].any()):
-                short = [r for r in range(flags.size(0)) if flags[r, 1]]
-                raise NoShardsError(
-                    f"rank(s) {short} of {flags.size(0)} got no group of their partition in "
-                    f"{self.wait_timeout}s (this rank {self.source.rank}: {len(rows)}/{n} rows, cursor "
-                    f"{self.source.cursor}); every rank stops here")
-            time.sleep(self.source.poll_interval)
-
-    def _prepare(self, group) -> list[dict] | None:
-        """The group's rows for TRL (exclusions applied, laid out in blocks), or None if skipped."""
-        excluded = []
-        if self.is_correction:
-            group, excluded = resolve_sampling(group, self.served_default_temperature)
-        group, too_long = exclude_too_long(group, self.max_length)
-        for ep, k, why in excluded + too_long:
-            self.stats.rows_excluded["too_long" if (ep, k, why) in too_long else why] += k
-            log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
-                        group.group_id, group.shard, ep, k, why)
-        if self.temperature is not None and group.rows:
-            check_rows(group.rows, self.temperature, self.served_default_temperature,
-                       f"group {group.group_id} of {group.shard}")
-        fitted, note = fit_group(group, self.g, self.policy) if group.rows else (None, "no episode left")
-        if fitted is None:
-            self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
-            self.stats.rows_skipped += len(group.rows)
-            log.warning("skipping group %s of %s: %s", group.group_id, group.shard, note)
-            return None
-        if note:
-            log.info("group %s of %s: %s", group.group_id, group.shard, note)
-        return fitted
-
-    def _account(self, group, fitted: list[dict]) -> None:
-        n_real = sum(not r["polar_pad"] for r in fitted)
-        self.stats.rows_padded += len(fitted) - n_real
-        self.stats.groups_multi_block += len(fitted) > self.g
-        self.stats.groups += 1
-        self.stats.landing_latency.append(time.time() - group.landed_at)
-        lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
-        if lag is not None:
-            self.stats.policy_lag.append(lag)
 
 
 def placeholder_dataset(n: int) -> Dataset:

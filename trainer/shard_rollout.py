@@ -52,17 +52,23 @@ not forwarded to TRL: ShardRollout hands the list to the trainer's old-policy ho
 """
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from trainer.behaviour_logprobs import row_transform
-from trainer.shard_source import Group
+import torch
+
+from polar_contracts.shards import TERMINATIONS, TRUNCATED
+from trainer.behaviour_logprobs import Transform, row_transform
+from trainer.row_temperature import check_rows
+from trainer.shard_source import Group, NoShardsError, ShardSource
+
+log = logging.getLogger(__name__)
 
 POLICIES = ("pad", "skip")
 ROW_KEYS = ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward", "episode_id", "group_id",
             "segment", "weight_version", "polar_pad", "termination")
-TERMINATIONS = ("stop", "length", "timeout", "error")
-TRUNCATED = ("length", "timeout")
 
 
 class GroupTooLarge(ValueError):
@@ -176,3 +182,148 @@ class RolloutStats:
 
 def rows_to_columns(rows: list[dict]) -> dict[str, list]:
     return {k: [r[k] for r in rows] for k in ROW_KEYS}
+
+
+def shard_reward(prompts, completions, reward, **kwargs) -> list[float | None]:
+    """The reward recorded in the shard (the episode's reward; None on padding rows)."""
+    return list(reward)
+
+
+class ShardRollout:
+    """The ``rollout_func``: fills len(prompts) rows with whole groups from the source (rollout.py)."""
+
+    def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
+                 wait_timeout: float | None = None, temperature: float | None = None,
+                 served_default_temperature: float = 1.0, is_correction: bool = False,
+                 max_length: int | None = None, mask_truncated: bool = False):
+        self.source = source
+        self.g = num_generations
+        self.policy = policy
+        self.wait_timeout = wait_timeout
+        self.temperature = temperature  # the trainer's; None: not checked
+        self.served_default_temperature = served_default_temperature
+        self.is_correction = is_correction  # resolve each row's sampling transform (refuse / exclude)
+        self.max_length = max_length  # rows longer: episode excluded (too_long)
+        self.mask_truncated = mask_truncated  # the trainer's mask_truncated_completions
+        self.stats = RolloutStats()
+        self.batch_transforms: list[Transform | None] = []  # of the last call's rows, in order
+
+    def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
+        if len(prompts) % self.g:
+            raise ValueError(f"{len(prompts)} prompts is not a multiple of num_generations {self.g}")
+        world = self.source.world_size
+        rows = self._fill(len(prompts), trainer) if world == 1 else self._fill_in_lockstep(len(prompts), trainer)
+        if self.mask_truncated:
+            eos = set(getattr(trainer, "eos_token_ids", None) or [])
+            tok = getattr(trainer, "_tokenizer", None)
+            if tok is not None and tok.pad_token_id is not None:
+                eos.add(tok.pad_token_id)
+            self.stats.rows_masked_truncated += mask_truncated(rows, eos)
+        self.batch_transforms = [r["transform"] for r in rows]
+        return rows_to_columns(rows)
+
+    def _fill(self, n: int, trainer, timeout: float | None = None, block: bool = True) -> list[dict]:
+        """Rows for this rank: whole groups, then padding blocks when the next group does not fit.
+        ``block`` False: stop (returning what it has) when no group is available right now."""
+        rows = getattr(self, "_partial", None) or []
+        self._partial = None
+        while len(rows) < n:
+            if block:
+                group = self.source.next_group(self.wait_timeout if timeout is None else timeout)
+            else:
+                group = self.source.try_next()
+                if group is None:
+                    self._partial = rows
+                    return rows
+            fitted = self._prepare(group)
+            if fitted is None:
+                continue
+            if len(fitted) > n:
+                raise GroupTooLarge(
+                    f"group {group.group_id} of {group.shard} needs {len(fitted)} rows ({len(group.episodes)} "
+                    f"episodes, {len(group.rows)} segments) but a generation batch holds {n} per rank: raise "
+                    "per_device_train_batch_size x steps_per_generation (or num_generations) so a whole group "
+                    "fits; its episodes share one baseline and cannot be split across batches")
+            if len(fitted) > n - len(rows):
+                self.source.push_back(group)  # first in the next batch; the cursor stays before it
+                self.stats.groups_deferred += 1
+                log.info("group %s of %s (%d rows) does not fit in the %d rows left of this batch: next batch",
+                         group.group_id, group.shard, len(fitted), n - len(rows))
+                pads = [pad_row(rows[0] if rows else fitted[0]) for _ in range(n - len(rows))]
+                self.stats.rows_padded += len(pads)
+                rows += pads
+                break
+            self._account(group, fitted)
+            rows += fitted
+        if not block:
+            self._partial = rows  # kept until every rank is done (lockstep); the caller clears it
+        return rows
+
+    def _fill_in_lockstep(self, n: int, trainer) -> list[dict]:
+        """Several ranks: each fills from its own partition without blocking; every poll interval all
+        ranks exchange whether they are done and whether one ran past the wait timeout. They finish
+        together, and when any rank runs out (timeout) every rank raises NoShardsError together: no
+        rank is left alone in a collective while another waits for data. With no timeout, all ranks
+        wait together for as long as data takes (a stream)."""
+
+        t0 = time.monotonic()
+        while True:
+            error = None
+            try:
+                rows = self._fill(n, trainer, block=False)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+                error, rows = e, []
+            timed_out = self.wait_timeout is not None and time.monotonic() - t0 >= self.wait_timeout
+            mine = torch.tensor([[len(rows) >= n, timed_out and len(rows) < n, error is not None]],
+                                dtype=torch.long, device=trainer.accelerator.device)
+            flags = trainer.accelerator.gather(mine).view(-1, 3).cpu()
+            if bool(flags[:, 2].any()):  # a rank failed (bad shard, refused sampling, ...): all stop
+                if error is not None:
+                    raise error
+                bad = [r for r in range(flags.size(0)) if flags[r, 2]]
+                raise RuntimeError(f"rank(s) {bad} failed while reading their shard groups (their log says why); "
+                                   "every rank stops here")
+            if bool(flags[:, 0].all()):
+                self._partial = None
+                self.source.stats.wait_seconds += time.monotonic() - t0
+                return rows
+            if bool(flags[:, 1].any()):
+                short = [r for r in range(flags.size(0)) if flags[r, 1]]
+                raise NoShardsError(
+                    f"rank(s) {short} of {flags.size(0)} got no group of their partition in "
+                    f"{self.wait_timeout}s (this rank {self.source.rank}: {len(rows)}/{n} rows, cursor "
+                    f"{self.source.cursor}); every rank stops here")
+            time.sleep(self.source.poll_interval)
+
+    def _prepare(self, group) -> list[dict] | None:
+        """The group's rows for TRL (exclusions applied, laid out in blocks), or None if skipped."""
+        excluded = []
+        if self.is_correction:
+            group, excluded = resolve_sampling(group, self.served_default_temperature)
+        group, too_long = exclude_too_long(group, self.max_length)
+        for ep, k, why in excluded + too_long:
+            self.stats.rows_excluded["too_long" if (ep, k, why) in too_long else why] += k
+            log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
+                        group.group_id, group.shard, ep, k, why)
+        if self.temperature is not None and group.rows:
+            check_rows(group.rows, self.temperature, self.served_default_temperature,
+                       f"group {group.group_id} of {group.shard}")
+        fitted, note = fit_group(group, self.g, self.policy) if group.rows else (None, "no episode left")
+        if fitted is None:
+            self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
+            self.stats.rows_skipped += len(group.rows)
+            log.warning("skipping group %s of %s: %s", group.group_id, group.shard, note)
+            return None
+        if note:
+            log.info("group %s of %s: %s", group.group_id, group.shard, note)
+        return fitted
+
+    def _account(self, group, fitted: list[dict]) -> None:
+        n_real = sum(not r["polar_pad"] for r in fitted)
+        self.stats.rows_padded += len(fitted) - n_real
+        self.stats.groups_multi_block += len(fitted) > self.g
+        self.stats.groups += 1
+        self.stats.landing_latency.append(time.time() - group.landed_at)
+        lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
+        if lag is not None:
+            self.stats.policy_lag.append(lag)

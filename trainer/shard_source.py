@@ -65,7 +65,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from polar_contracts.shards import shard_seq
+from polar_contracts.shards import OPTIONAL_COLUMNS, TRAINING_COLUMNS, shard_seq
 from polar_contracts.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX
 
 log = logging.getLogger(__name__)
@@ -85,13 +85,10 @@ def group_owner(shard: str, index: int, world_size: int) -> int:
         raise ShardFormatError(f"{shard!r} is not a shard name")
     return (seq + index) % world_size
 
-# The columns the trainer needs; the full contract has more (strategy, n_realign, model, ...).
-REQUIRED_COLUMNS = (
-    "episode_id", "group_id", "segment", "input_ids", "loss_mask", "logprobs", "prompt_len", "reward",
-)
-OPTIONAL_COLUMNS = ("weight_version", "group_size", "group_complete", "n_calls", "model", "strategy",
-                    "temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported",
-                    "termination", "realign_tokens", "realign_classes")
+
+
+# every column of the contract but `eval` (per-test results for reports; large, never trained on)
+_READ_COLUMNS = TRAINING_COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c != "eval")
 
 
 class ShardFormatError(ValueError):
@@ -243,10 +240,10 @@ def check_row(row: dict, where: str) -> None:
 
 def table_groups(table: pa.Table, shard: str, landed_at: float) -> list[Group]:
     """Split one shard's rows into groups, in order of first appearance of each group_id."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    missing = [c for c in TRAINING_COLUMNS if c not in table.column_names]
     if missing:
         raise ShardFormatError(f"{shard}: missing columns {missing} (has {table.column_names})")
-    cols = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in table.column_names]
+    cols = [c for c in _READ_COLUMNS if c in table.column_names]
     data = {c: table.column(c).to_pylist() for c in cols}
     groups: dict[str, list[dict]] = {}
     for i in range(table.num_rows):

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented hook we use
     from trl import TrlParser
 
-    from trainer.grpo_trainer import PolarGRPOConfig
+    from trainer.grpo_config import PolarGRPOConfig
 
     script, cfg = TrlParser((ScriptArguments, PolarGRPOConfig)).parse_args_and_config(args=argv)
     trainer = build(script, cfg)

@@ -50,7 +50,7 @@ seeds no training episode uses, and scored by the same reward. The same evaluati
 training (version 0) as the baseline.
 
 Ablation arms (``--arm``), each ONE transformation applied at ONE point: ``ArmRollout``, which wraps
-the trainer's rollout_func (trainer.grpo_trainer.ShardRollout) and rewrites the TRL rows it returns (the shard
+the trainer's rollout_func (trainer.shard_rollout.ShardRollout) and rewrites the TRL rows it returns (the shard
 rows as the trainer reads them), or the trainer config (lr0). On the same seeds these must NOT improve:
 - ``real``: untouched.
 - ``shuffled_rewards``: the rewards permuted across the batch's episodes by a random derangement (no
@@ -83,6 +83,7 @@ from pathlib import Path
 from harness_recipes.cache import tiny_model
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.node.processes import running, venv_bin
+from polar_contracts.control import SERVE_VERSION_PATH, end_path
 
 
 @dataclass
@@ -239,7 +240,7 @@ def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, resu
     try:
         for it in range(cfg.steps):
             deadline = time.monotonic() + cfg.timeout
-            while (v := http("GET", serve_url + "/polar/weight_version")["weight_version"]) != str(it):
+            while (v := http("GET", serve_url + SERVE_VERSION_PATH)["weight_version"]) != str(it):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"iteration {it}: server still at weight_version {v}")
                 time.sleep(0.05)
@@ -252,7 +253,7 @@ def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, resu
                     seed = cfg.seed * 100003 + it * 1000 + g * 100 + e  # reproducible, distinct per episode
                     rs = run_episode(cfg, proxy_url, prompt, seed, {"x-polar-episode": ep})
                     reward = score([answer_text(r) for r in rs], target)
-                    http("POST", f"{proxy_url}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}})
+                    http("POST", proxy_url + end_path(ep), {"reward": reward, "metadata": {"group_id": gid}})
                     rewards.append(reward)
             result.rewards.append(sum(rewards) / len(rewards))
             result.versions.append(v)
@@ -323,7 +324,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.grpo_config import PolarGRPOConfig
+    from trainer.grpo_trainer import PolarGRPOTrainer
     from trainer.row_temperature import generation_default
 
     t0 = time.monotonic()
@@ -378,7 +380,7 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
                            for h in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in h]
         if cfg.eval_samples:  # after the last step's sync: the trained policy, on prompts it never saw
             deadline = time.monotonic() + cfg.timeout
-            while (v := http("GET", serve_url + "/polar/weight_version")["weight_version"]) != str(cfg.steps):
+            while (v := http("GET", serve_url + SERVE_VERSION_PATH)["weight_version"]) != str(cfg.steps):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"held-out evaluation: server at weight_version {v}, not {cfg.steps}")
                 time.sleep(0.05)

@@ -229,7 +229,8 @@ class RolloutNode:
         return [{**a, "node": self.name} for a in await release_proxies(held, version, after, ok, keep=keep)]
 
     async def weights_info(self) -> list[dict]:
-        from addon.weight_hold import SYNC_PATH, urllib_http
+        from addon.weight_hold import urllib_http
+        from polar_contracts.control import SYNC_PATH
         out = []
         for u in self.urls:
             status, body = await urllib_http("GET", u + SYNC_PATH, None, {}, 30.0)

@@ -166,7 +166,7 @@ def _check_trainer(exp: Experiment, w: str) -> None:
     args = _get(t, "args", dict, where)
     import dataclasses
 
-    from trainer.grpo_trainer import PolarGRPOConfig
+    from trainer.grpo_config import PolarGRPOConfig
     from trainer.train_grpo import ScriptArguments
     known = {f.name for cls in (ScriptArguments, PolarGRPOConfig) for f in dataclasses.fields(cls)}
     if bad := sorted(set(args) - known):

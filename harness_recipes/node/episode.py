@@ -18,6 +18,7 @@ from harness_recipes.node.proxies import pick
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import ExecResult, Sandbox
 from harness_recipes.tasks.task_file import Task
+from polar_contracts.control import end_path, episode_prefix
 
 EPISODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # Statuses. Terminal ones are skipped on resume; the others are retried under a new attempt id.
@@ -53,7 +54,7 @@ class Settings:
 def episode_vars(recipe: Recipe, exe: Path, sandbox: Sandbox, task: Task, eid: str, s: Settings,
                  exe_view: str | None = None) -> dict[str, str]:
     proxy = s.proxy_for(eid).rstrip("/")
-    base_url = f"{proxy}/polar/{eid}" if recipe.episode_via == "path" else proxy
+    base_url = proxy + episode_prefix(eid) if recipe.episode_via == "path" else proxy
     return {
         "bin": exe_view or str(exe), "prefix": str(exe.parent), "home": sandbox.home, "workspace": sandbox.workspace,
         "prompt": task.prompt, "model": s.model, "api_key": s.api_key, "episode": eid, "proxy": proxy,
@@ -101,7 +102,7 @@ async def evaluate(task: Task, sandbox: Sandbox, s: Settings) -> tuple[float, Ex
 
 async def post_end(proxy: str, eid: str, reward: float, metadata: dict, timeout: float = 10.0) -> str:
     """Tell the capture proxy the episode is over; returns an error string ('' on success)."""
-    url = f"{proxy.rstrip('/')}/polar/{eid}/end"
+    url = proxy.rstrip("/") + end_path(eid)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
             async with http.post(url, json={"reward": reward, "metadata": metadata}) as resp:

@@ -29,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from addon.weight_hold import HOLD_PATH, RELEASE_PATH, SYNC_PATH, Http, urllib_http
+from addon.weight_hold import Http, urllib_http
 from harness_recipes.node.die_with_parent import command as with_parent_death
 from harness_recipes.node.local_stack import addon_script
 from harness_recipes.node.processes import Proc, free_port, running, stop, venv_bin, wait_ready
+from polar_contracts.control import HOLD_PATH, RELEASE_PATH, SYNC_PATH
 from polar_contracts.weight_versions import unknown
 
 DEFAULT_LEASE_S = 900.0  # a held proxy releases itself after this if the coordinator is gone

@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from polar_contracts.episode_ids import episode_id_of, is_log_file
-from polar_contracts.log.schema import KIND_CALL, KIND_END, SAMPLING_COLUMNS, SCHEMA
+from polar_contracts.log.schema import KIND_CALL, KIND_END, SCHEMA
 from polar_contracts.log.table import LogError, full_requests, read_table, unpack, upgrade_batch
+from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
 from polar_contracts.sampling_fields import PARAMS, request_params
 
 # Columns kept per call besides the ids (small scalars only: the hot path never parses JSON).

@@ -22,13 +22,16 @@ zstd frame. (Arrow IPC body compression was tried: it compresses all ~70 small b
 with a fresh context each, ~1.5 ms CPU a row, more than the whole per-call budget of the proxy.)
 So a growing episode costs about its new tokens.
 
-Schema v3 added the sampling columns (``SAMPLING_COLUMNS``: what the server applied and what its
+Schema v3 added the sampling columns (``sampling_fields.COLUMNS``: what the server applied and what its
 logprobs are; rules in sampling.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
 upgrade and restart) reads with those columns null: unknown, which is what they are.
 """
 from __future__ import annotations
 
 import pyarrow as pa
+
+from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
+from polar_contracts.sampling_fields import SAMPLING_FIELDS
 
 SCHEMA_VERSION = 3
 
@@ -39,24 +42,6 @@ KIND_END = "end"
 # record then carries "discard": true and the reasons under "polar_incomplete").
 KIND_INCOMPLETE = "incomplete"
 
-# Schema v3: the sampling the server ACTUALLY applied (the request's value, else the served model's
-# default; see addon/applied_sampling.py), carried unchanged into the shards (shards.py).
-SAMPLING_FIELDS: list[pa.Field] = [
-    # Normalised: top_k disabled = -1, top_p disabled = 1.0, min_p disabled = 0.0, greedy =
-    # temperature 0.0; null = unknown (never guessed).
-    pa.field("temperature", pa.float64()),
-    pa.field("top_p", pa.float64()),
-    pa.field("top_k", pa.int32()),
-    pa.field("min_p", pa.float64()),
-    # what the server's logprobs are: "processed" (after temperature, penalties and the
-    # top-k/top-p/min-p masks, renormalised: vLLM --logprobs-mode processed_logprobs), "raw"
-    # (log-softmax of the raw logits: stock vLLM), "scaled" (log-softmax of logits/T before any
-    # truncation: SGLang 0.5.23); null = unknown (the addon's probe could not tell)
-    pa.field("logprobs_mode", pa.string()),
-    # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
-    # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
-    pa.field("sampling_unsupported", pa.string()),
-]
 
 # Columns in file order. Nullable everywhere: a call that failed has no ids, an end row no api.
 FIELDS: list[pa.Field] = [
@@ -101,9 +86,8 @@ FIELDS: list[pa.Field] = [
 SCHEMA = pa.schema(FIELDS, metadata={b"polar.log.schema_version": str(SCHEMA_VERSION).encode()})
 COLUMNS = [f.name for f in FIELDS]
 
-# Added in schema v3. Older logs (v2: every other column) stay readable: logtable reads their
-# batches with these columns null (unknown), which is what they are.
-SAMPLING_COLUMNS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+# The sampling columns were added in schema v3. Older logs (v2: every other column) stay readable:
+# log/table.py reads their batches with these columns null (unknown), which is what they are.
 V2_COLUMNS = [c for c in COLUMNS if c not in SAMPLING_COLUMNS]
 
 # The on-disk columns read_log replaces with `request`, `response` and full `prompt_ids`.

@@ -9,10 +9,10 @@ import pytest
 from addon import call as calls
 from addon.capture import dumps_faithful
 from addon.redact import credential_values
-from addon.routing import RouteError, parse_end_body
 from addon.server_dialects import plan_request
 from addon.sse import SSEParser
 from addon.stream import serialize_event
+from polar_contracts.control import ControlRequestError, parse_end_body
 from polar_contracts.log.table import read_batches
 from polar_contracts.log.writer import EpisodeWriter
 from polar_contracts.request_fields import lax_bool
@@ -38,7 +38,7 @@ def test_loose_stream_flags_plan_a_stream():
                                   b'{"reward": 1e400}', b'{"reward": ' + b"9" * 400 + b"}",
                                   b'{"metadata": {"x": NaN}}'])
 def test_end_body_rejects_non_finite(body):
-    with pytest.raises(RouteError):
+    with pytest.raises(ControlRequestError):
         parse_end_body(body)
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from addon.routing import RouteError, api_of, parse_end_body, route
+from addon.routing import RouteError, api_of, route
+from polar_contracts.control import ControlRequestError, parse_end_body
 
 
 def test_header_wins_over_prefix_and_option():
@@ -45,5 +46,5 @@ def test_end_body():
     assert parse_end_body(b"") == (None, {})
     for bad, msg in [(b"{", "not valid JSON"), (b"[]", "JSON object"), (b'{"reward": "x"}', "number"),
                      (b'{"rewrd": 1}', "unknown keys"), (b'{"metadata": 3}', "metadata")]:
-        with pytest.raises(RouteError, match=msg):
+        with pytest.raises(ControlRequestError, match=msg):
             parse_end_body(bad)

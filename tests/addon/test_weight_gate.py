@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from addon.server_weights import Step, check_step, parse_version_answer, sync_steps
 from addon.weight_gate import DRAINING, LOADING, SERVING, GateBusy, WeightGate
-from addon.weight_hold import SyncRequestError, parse_sync_body
+from polar_contracts.control import ControlRequestError, parse_sync_body
 from polar_contracts.weight_versions import is_marker, spanning, spans_of
 
 OPS = st.lists(st.sampled_from(["call", "finish", "hold", "load", "release_ok", "release_fail"]), max_size=60)
@@ -91,7 +91,7 @@ def test_release_without_sync_and_load_outside_draining():
     (b'{"path": "/m", "version": "unknown:x"}', "not start with"),
 ])
 def test_sync_body_is_validated_strictly(body, message):
-    with pytest.raises(SyncRequestError, match=message):
+    with pytest.raises(ControlRequestError, match=message):
         parse_sync_body(body)
 
 

@@ -8,13 +8,8 @@ import json
 
 import pytest
 
-from addon.weight_hold import (
-    SyncRequestError,
-    UpstreamWeights,
-    parse_hold_body,
-    parse_release_body,
-    parse_sync_request,
-)
+from addon.weight_hold import UpstreamWeights
+from polar_contracts.control import ControlRequestError, parse_hold_body, parse_release_body, parse_sync_request
 from polar_contracts.weight_versions import UNKNOWN_PREFIX, spanning
 
 from .test_weight_hold import Server, vllm_table
@@ -44,7 +39,7 @@ def polar_serve_table(version="0"):
     (parse_sync_request, b'{"path": "/m", "version": "1", "peers_drained": "no"}', "'peers_drained' must be"),
 ])
 def test_hold_and_release_bodies_are_validated(parse, body, message):
-    with pytest.raises(SyncRequestError, match=message):
+    with pytest.raises(ControlRequestError, match=message):
         parse(body)
 
 

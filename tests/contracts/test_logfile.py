@@ -140,7 +140,7 @@ def _as_v2_stream(table) -> bytes:
     """The same rows as a schema-v2 proxy wrote them: without the sampling columns."""
     import pyarrow as pa
 
-    from polar_contracts.log.schema import SAMPLING_COLUMNS
+    from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
 
     old = table.drop_columns(list(SAMPLING_COLUMNS))
     old = old.replace_schema_metadata({b"polar.log.schema_version": b"2"})

@@ -11,11 +11,10 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from polar_contracts.shards import MANIFEST
+from polar_contracts.shards import MANIFEST, SHARD_SCHEMA
 from polar_recon import EpisodeWriter
 from polar_recon.build import Options, build, watch
 from polar_recon.cli import main
-from polar_recon.shard_writer import SHARD_SCHEMA
 
 from . import logs as L
 

@@ -11,17 +11,10 @@ from collections import Counter
 
 import pytest
 
-from addon.weight_hold import (
-    HOLD_PATH,
-    RELEASE_PATH,
-    SYNC_PATH,
-    UpstreamWeights,
-    parse_hold_body,
-    parse_release_body,
-    parse_sync_request,
-)
+from addon.weight_hold import UpstreamWeights
 from harness_recipes.node.episode import Settings
 from harness_recipes.node.proxies import pick, sync_proxies
+from polar_contracts.control import HOLD_PATH, RELEASE_PATH, SYNC_PATH, parse_hold_body, parse_release_body, parse_sync_request
 from polar_contracts.weight_versions import UNKNOWN_PREFIX
 
 

@@ -17,7 +17,8 @@ def main(shards: str, out: str, model_dir: str, max_steps: int, wait: float) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
+    from trainer.grpo_config import PolarGRPOConfig
+    from trainer.grpo_trainer import PolarGRPOTrainer
 
     torch.set_num_threads(1)
     trained: list[list[str]] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from polar_recon.shard_writer import SHARD_SCHEMA
+from polar_contracts.shards import SHARD_SCHEMA
 from polar_recon.testing import row, synthetic_seq, write_shard
 
 __all__ = ["SHARD_SCHEMA", "Sampler", "row", "synthetic_seq", "write_shard"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
-from trainer.grpo_trainer import PolarGRPOConfig, PolarGRPOTrainer
+from trainer.grpo_config import PolarGRPOConfig
+from trainer.grpo_trainer import PolarGRPOTrainer
 from trainer.shard_source import CURSOR_FILE
 
 # Rows sampled at temperature 1 from the full softmax, processed logprobs (what Sampler() does).

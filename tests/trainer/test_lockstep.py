@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
-from trainer.grpo_trainer import ShardRollout
+from trainer.shard_rollout import ShardRollout
 from trainer.shard_source import NoShardsError, ShardSource
 
 P = [151644, 872, 198, 151645, 198, 151644, 77091, 198]

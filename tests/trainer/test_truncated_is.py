@@ -83,7 +83,7 @@ def test_unreproducible_rows_are_excluded_counted_and_logged(tmp_path, tiny_dir,
     c = real_groups(sampler, 1, "c", turns=(1,))
     write_shard(tmp_path / "shards", 1, a + b + c)
     t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, max_steps=1))
-    with caplog.at_level(logging.WARNING, logger="trainer.grpo_trainer"):
+    with caplog.at_level(logging.WARNING, logger="trainer.shard_rollout"):
         t.train()
     st = t.shard_rollout.stats
     assert sum(st.rows_excluded.values()) == 2, st.rows_excluded

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from harness_recipes.node.processes import free_port
-from trainer.grpo_trainer import PolarGRPOConfig
+from trainer.grpo_config import PolarGRPOConfig
 from trainer.weight_sync import MODES, WeightSyncError, fleet_sync
 
 pytest.importorskip("ray", reason="sync_mode=fleet needs Ray (pip install 'polar[fleet]')")

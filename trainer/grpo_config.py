@@ -1,0 +1,87 @@
+"""PolarGRPOConfig: TRL's GRPOConfig plus the shard stream, the weight sync and the sampling checks
+(kept apart from the trainer, as TRL keeps grpo_config.py apart from grpo_trainer.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from trainer.is_correction import MODES
+from trainer.shard_rollout import POLICIES
+
+
+@dataclass
+class PolarGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the shard stream. Importance sampling reuses TRL's own fields
+    ``vllm_importance_sampling_correction`` (default True), ``vllm_importance_sampling_mode``
+    (token_truncate | token_mask | sequence_truncate | sequence_mask, default sequence_mask),
+    ``vllm_importance_sampling_clip_max`` (3.0) and ``vllm_importance_sampling_clip_min`` (None),
+    applied to the recorded behaviour logprobs with ``use_vllm=False``."""
+
+    shards: str | None = field(default=None, metadata={
+        "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
+    shard_poll_interval: float = field(default=1.0, metadata={"help": "Seconds between directory listings."})
+    shard_wait_timeout: float | None = field(default=None, metadata={
+        "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
+    max_policy_lag: int | None = field(default=None, metadata={
+        "help": "Drop groups whose weight_version is more than this many syncs behind the current one, by the "
+        "sync history (and groups whose version is unknown or spans a sync). None: keep all."})
+    group_size_policy: str = field(default="pad", metadata={
+        "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
+        "padding rows) or 'skip'."})
+    drop_incomplete_groups: bool = field(default=False, metadata={
+        "help": "Drop groups recon wrote after a timeout (group_complete=false)."})
+    shard_max_length: int | None = field(default=None, metadata={
+        "help": "Exclude (counted, logged: too_long) episodes with a row longer than this many tokens. Default: "
+        "the model's max_position_embeddings. TRL truncates nothing on the rollout_func path."})
+    # Weight sync (trainer/weight_sync.py). Off unless sync_server is set.
+    sync_server: str | None = field(default=None, metadata={
+        "help": "Base URL of the inference server, e.g. http://127.0.0.1:8000."})
+    sync_steps: int = field(default=1, metadata={"help": "Push the weights every this many optimizer steps."})
+    sync_mode: str = field(default="polar", metadata={
+        "help": "'proxy': full weights + POST /polar/@weights to the capture proxy (sync_server = the proxy's URL; "
+        "it holds calls and has vLLM, SGLang or polar-serve load them); 'polar': full weights + POST "
+        "/polar/reload to polar-serve; 'vllm_lora': adapter + POST /v1/load_lora_adapter; 'fleet': full weights "
+        "through a running polar-rollout fleet's coordinator (sync_server = the Ray address, auto | HOST:PORT): "
+        "every proxy of every node holds while the server loads them once."})
+    sync_dir: str | None = field(default=None, metadata={
+        "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
+    sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
+    lora_name: str = field(default="polar", metadata={"help": "Adapter name for sync_mode=vllm_lora."})
+    served_default_temperature: float | None = field(default=None, metadata={
+        "help": "The temperature the server applies to requests that set none (its model's "
+        "generation_config.json). Default: the policy model's generation_config. Every shard row's "
+        "sampling temperature must equal --temperature (trainer/row_temperature.py)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.use_vllm:
+            raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "
+                             "(importance sampling uses the recorded logprobs instead)")
+        if self.vllm_importance_sampling_mode not in MODES:
+            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {MODES}")
+        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
+                and not self.vllm_importance_sampling_mode.startswith("token"):
+            raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
+        if self.group_size_policy not in POLICIES:
+            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
+        if self.max_steps is None or self.max_steps <= 0:
+            raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
+        if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
+            raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
+        if self.sync_mode not in ("polar", "proxy", "vllm_lora", "fleet"):  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora', 'fleet')")
+        self._check_save_alignment()
+
+    def _check_save_alignment(self) -> None:
+        # The cursor counts groups handed to the trainer. It equals "groups trained" only at checkpoints
+        # that fall on a generation boundary; refuse a save_steps that could land mid-generation.
+        generate_every = self.steps_per_generation * self.num_iterations  # micro-steps per rollout
+        save = self.save_steps
+        if str(self.save_strategy).lower().endswith("steps") and save and save >= 1 and float(save).is_integer():
+            if (int(save) * self.gradient_accumulation_steps) % generate_every:
+                raise ValueError(
+                    f"save_steps={int(save)} would checkpoint in the middle of a rollout batch (a rollout spans "
+                    f"{generate_every} micro-steps = steps_per_generation {self.steps_per_generation} x "
+                    f"num_iterations {self.num_iterations}, gradient_accumulation_steps "
+                    f"{self.gradient_accumulation_steps}); the shard cursor would then be inexact. Use a multiple.")
