@@ -13,6 +13,7 @@ import orjson
 
 import addon.applied_sampling as sampling_rules
 from addon.server_dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
+from polar_contracts.control import WEIGHT_VERSION_HEADER
 
 from . import chat, completions
 from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
@@ -162,7 +163,7 @@ _HEAD_KEYS = frozenset((*REQUEST_KEYS, "model", *sampling_rules.REQUEST_KEYS))
 
 def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, Any]:
     """Record the sampling the server will apply to ``body`` on the call; returns the unset fields
-    to write into the forwarded request (sampling.py: so the recorded value is the applied one)."""
+    to write into the forwarded request (applied_sampling.py: so the recorded value is the applied one)."""
     r = sampling_rules.resolve(dict(body), call.sampling_defaults)
     call.sampling, call.sampling_unknown = r.columns, r.unknown
     return r.fill
@@ -375,7 +376,6 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
     return out
 
 
-WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 
 def weight_version(call: CapturedCall, notes: list[str]) -> str | None:

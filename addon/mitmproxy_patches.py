@@ -21,7 +21,7 @@ never a crash. Each patch has an option that turns it off (the benchmark's "stoc
   process's garbage collector, ``gc.collect(); gc.freeze()`` once the proxy runs. Needs no
   version check.
 
-Measured in bench/bench_proxy.py (addon/README.md, "Fourth pass" and "Third pass").
+Measured in bench/bench_proxy.py (docs/benchmarks/proxy.md).
 
 **Fast dispatch.** mitmproxy delivers every event by walking all ~35 addons of a mitmdump: for
 each one a generator-based ``safecall()`` context manager, an ``invoke_addon`` coroutine and two

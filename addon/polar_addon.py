@@ -2,7 +2,7 @@
 ``mitmdump -s addon/polar_addon.py``; the project must be installed in mitmdump's Python).
 
 Thin on purpose: options and mitmproxy hooks only. The protocol logic lives in sans-IO modules
-(routing, dialects, sse, stream, chat, completions, call, redact); episode files in episodes.py;
+(routing, server_dialects, sse, stream, chat, completions, call, redact); episode files in open_logs.py;
 every change to mitmproxy itself in mitmproxy_patches.py.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def few_headers(headers: http.Headers) -> dict[str, str]:
 
 
 def probe_dialect(base_url: str, timeout: float = 5.0) -> str | None:
-    """GET /v1/models on the upstream and read owned_by (see dialects.py)."""
+    """GET /v1/models on the upstream and read owned_by (see server_dialects.py)."""
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=timeout) as r:
             return dialect_from_models(json.loads(r.read()))
@@ -116,7 +116,7 @@ class PolarAddon:
         self._live: dict[int, http.HTTPFlow] = {}
         self._weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
         self._weights_lock: asyncio.Lock | None = None
-        # sampling defaults of the served model (sampling.py; None: polar_generation_config unset)
+        # sampling defaults of the served model (applied_sampling.py; None: polar_generation_config unset)
         self.sampling_defaults = None
         self._warned_unknown_sampling = False
         self.logprobs_modes = ModeCache()  # each upstream's logprobs mode (logprobs_probe.py)
@@ -426,7 +426,7 @@ class PolarAddon:
         self.invalidate_logprobs_mode(self._upstream_base(flow))  # new weights, maybe a restarted server
         return status, answer
 
-    # -- sampling and logprobs mode (sampling.py, logprobs_probe.py) ---------------------------------
+    # -- sampling and logprobs mode (applied_sampling.py, logprobs_probe.py) ---------------------------------
     def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:
         if c.sampling_unknown and not self._warned_unknown_sampling:
             self._warned_unknown_sampling = True
@@ -513,7 +513,7 @@ class PolarAddon:
 
     async def _end_episode(self, flow: http.HTTPFlow, episode_id: str) -> None:
         """Write the end record. With calls of the episode still in flight, the end record waits
-        for the last one's row (episodes.py); the answer waits up to polar_end_wait_ms for
+        for the last one's row (open_logs.py); the answer waits up to polar_end_wait_ms for
         that, then says 202 ``"ended": false`` (the end record still follows the last call)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()

@@ -32,7 +32,7 @@ from polar_contracts.control import SERVE_RELOAD_PATH, SERVE_VERSION_PATH
 KINDS = ("vllm", "sglang", "polar-serve")
 VERSION_PATH = {"vllm": "/weight_info", "sglang": "/model_info", "polar-serve": SERVE_VERSION_PATH}
 # auto: the first of these the server answers names its kind (vLLM's route only exists in dev mode)
-PROBE_ORDER = ("vllm", "sglang", "polar-serve")
+PROBE_ORDER = KINDS
 ATOMIC = {"vllm": False, "sglang": True, "polar-serve": True}
 
 

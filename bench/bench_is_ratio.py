@@ -3,7 +3,7 @@ TRL computes) vs the truncation-aware pi_old (trainer/behaviour_logprobs.py), si
 
     .venv/bin/python bench/bench_is_ratio.py [--vllm-url URL] [--groups 8] [--group-size 4] [--max-tokens 16]
 
-Without --vllm-url it starts the real vLLM 0.32 (stack.VLLM_FLAGS: --logprobs-mode processed_logprobs)
+Without --vllm-url it starts the real vLLM 0.32 (local_stack.VLLM_FLAGS: --logprobs-mode processed_logprobs)
 on the tiny Qwen3 and stops it after. Episodes: one chat call each, through the capture proxy, with no
 sampling field (the server applies the model's generation_config.json: T=0.6, top_k=20, top_p=0.95; the
 proxy records them, polar_generation_config); polar-recon builds the shards; PolarGRPOTrainer takes one

@@ -1,10 +1,12 @@
-"""Harness recipes (one TOML file per harness CLI) and the rollout node `polar-rollout`.
+"""The rollout side: harness recipes and everything that runs them (``polar-rollout``, cli.py).
 
-recipe.py (load + validate recipes; the bundled ones are package data), install.py
-(ensure_installed), cache.py (where harness CLIs and the tiny model go), tasks.py (task JSONL and
-SWE-bench-style files), runtimes/ (local + bubblewrap, docker), episode.py (one episode's phases),
-scheduler.py (the pipeline), records.py (status per episode, resume), progress.py (rich view),
-rollout.py (the CLI), procs.py (start/stop local processes), stack.py (polar-serve + mitmdump for the
-demo, the benchmarks, the tests), closed_loop.py (serve -> proxy -> recon -> trainer -> reload on the
-CPU), demo.py (`make demo`).
+- recipes/   one TOML file per harness CLI, loaded and validated (recipe.py), installed (install.py)
+- tasks/     task files (task_file.py) and SWE-bench instances (swebench/: rows, grading, sources)
+- runtimes/  where an episode runs: local (bubblewrap) or docker, and the SWE-bench images
+- node/      one rollout node: the pipelined scheduler, one episode's phases, records, progress,
+             its K capture proxies, and the local processes it starts
+- fleet/     the node on every machine of a Ray cluster: queue, coordinator, shared store, recon,
+             the experiment file
+- demo/      `make demo`, the closed loop on the CPU, scripted replies on the real vLLM
+- cache.py   where harness CLIs and the tiny model go
 """

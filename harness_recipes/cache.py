@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from polar_serve.tiny import ensure_tiny
+
 TINY_SEED = 0
 
 
@@ -40,6 +42,5 @@ def vllm_python() -> Path:
 def tiny_model(seed: int = TINY_SEED) -> Path:
     """The tiny random Qwen3 (real tokenizer and chat template), built into the cache once (under a
     file lock: parallel test processes and the demo share it); returns its directory."""
-    from polar_serve.tiny import ensure_tiny
 
     return ensure_tiny(polar_cache("tiny-qwen3" if seed == TINY_SEED else f"tiny-qwen3-seed{seed}"), seed=seed)

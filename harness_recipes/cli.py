@@ -5,7 +5,7 @@
     polar-rollout run --recipe codex --tasks swebench:data/swebench/mini.jsonl --runtime docker \\
         [--instances ID,ID] [--limit N] ...      # SWE-bench instances, graded by swebench
     polar-rollout fleet --recipe pi --tasks data/tasks/tasks.jsonl --samples 2 \\
-        --server http://inference:8000 --store file:///shared/run --ray-address auto   # fleet.py
+        --server http://inference:8000 --store file:///shared/run --ray-address auto   # fleet/driver.py
     polar-rollout recipes          # the bundled recipes (--recipe NAME), or --recipe PATH.toml
     polar-rollout install NAME     # install a recipe's CLI into the harness cache
 """
@@ -22,15 +22,20 @@ from pathlib import Path
 import click
 
 import harness_recipes.node.episode as ep
+from harness_recipes.fleet.driver import Cluster, NodeConfig, run_fleet
+from harness_recipes.fleet.experiment import ExperimentError, fleet_runs, load_experiment, plan
+from harness_recipes.fleet.queue import plan_groups
+from harness_recipes.fleet.store import Store, StoreError
 from harness_recipes.node.processes import stop
-from harness_recipes.node.progress import Progress, summary_table
+from harness_recipes.node.progress import FleetView, Progress, summary_table
 from harness_recipes.node.records import Records
 from harness_recipes.node.scheduler import Limits, Pipeline
-from harness_recipes.recipes.install import ensure_installed, spec_of
+from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
 from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_recipe
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
+from trainer.ray_join import RayJoinError
 
 
 def task_options(f):
@@ -146,8 +151,6 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit
           eval_concurrency, model, api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
-    from harness_recipes.fleet.driver import NodeConfig
-    from harness_recipes.fleet.store import Store, StoreError
 
     if config or dry_run:
         if dry_run or not config:
@@ -186,10 +189,6 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit
 def _fleets(runs, ray_address, local_nodes, resume, no_progress) -> bool:
     """Run each (NodeConfig, tasks, max_attempts) as one fleet, one after the other, on one Ray
     connection; their summaries as lines. True when every fleet finished with nothing given up."""
-    from harness_recipes.fleet.driver import Cluster, run_fleet
-    from harness_recipes.fleet.queue import plan_groups
-    from harness_recipes.fleet.store import Store, StoreError
-    from harness_recipes.node.progress import FleetView
 
     todo = []
     for cfg, tasks, max_attempts in runs:  # every store checked before anything starts
@@ -213,7 +212,6 @@ def _fleets(runs, ray_address, local_nodes, resume, no_progress) -> bool:
         import ray  # noqa: F401
     except ImportError:
         raise click.ClickException("polar-rollout fleet needs Ray: pip install 'polar[fleet]'") from None
-    from trainer.ray_join import RayJoinError
     ok = True
     try:
         with Cluster(address=ray_address if local_nodes is None else None, local=local_nodes):
@@ -239,8 +237,6 @@ def _fleets(runs, ray_address, local_nodes, resume, no_progress) -> bool:
 
 def _run_experiment(config, local_nodes, node_dir, resume, no_progress) -> None:
     """``--config FILE`` without ``--dry-run``: the plan's fleets, one per harness (experiment.fleet_runs)."""
-    from harness_recipes.fleet.driver import NodeConfig
-    from harness_recipes.fleet.experiment import ExperimentError, fleet_runs, load_experiment
     try:
         exp = load_experiment(config)
         runs = fleet_runs(exp, node_dir)
@@ -254,7 +250,6 @@ def _run_experiment(config, local_nodes, node_dir, resume, no_progress) -> None:
 
 
 def _experiment(config, dry_run) -> None:
-    from harness_recipes.fleet.experiment import ExperimentError, load_experiment, plan
     if not config:
         raise click.UsageError("--dry-run needs --config FILE")
     try:
@@ -340,7 +335,6 @@ def install(recipe) -> None:
 
     The cache: $POLAR_HARNESS_CACHE, else $POLAR_CACHE/harnesses, else ~/.cache/polar/harnesses
     (`make` sets POLAR_CACHE to the checkout's .cache/)."""
-    from harness_recipes.recipes.install import installed_version
     try:
         r = load_recipe(recipe)
     except RecipeError as e:

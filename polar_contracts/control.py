@@ -38,6 +38,8 @@ MAX_LEASE_S = 24 * 3600.0
 # sync_mode=polar and the proxy's polar-serve kind call.
 SERVE_RELOAD_PATH = "/polar/reload"
 SERVE_VERSION_PATH = "/polar/weight_version"
+# The header polar-serve stamps on every answer with the version that served it (the proxy reads it).
+WEIGHT_VERSION_HEADER = "x-polar-weight-version"
 
 
 class ControlRequestError(ValueError):

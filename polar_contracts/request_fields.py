@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
+FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 def lax_bool(v: Any) -> bool | None:
@@ -18,7 +18,7 @@ def lax_bool(v: Any) -> bool | None:
         return True if v == 1 else False if v == 0 else None
     if isinstance(v, str):
         low = v.strip().lower()
-        return True if low in _TRUE else False if low in _FALSE else None
+        return True if low in TRUE_STRINGS else False if low in FALSE_STRINGS else None
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,7 +226,6 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
             raise  # the machine's trouble (disk, descriptors), not this episode's: stop, write nothing half
         except Exception as exc:  # noqa: BLE001 - a bug on one episode must not stop a whole run's watch
             # (the trainer would wait on shards forever); the episode is reported, never half-written
-            import traceback
             traceback.print_exc()
             report.errors.append((str(head.path), f"episode {head.episode_id}: internal error (a bug in "
                                                    f"polar-recon, please report it): {type(exc).__name__}: {exc}"))

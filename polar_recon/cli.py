@@ -14,8 +14,11 @@ from polar_recon.shard_writer import ManifestError
 from .build import Options, Report, RewardsError, load_rewards, model_max_len
 from .build import build as build_shards
 from .build import watch as watch_shards
+from .html import render_episode
 from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .strategies import STRATEGIES
+from .report import drift as run_drift
+from .report import inspect_rows, shard_stats
+from .strategies import STRATEGIES, Retokenizer
 
 
 def _tqdm(total: int, desc: str):
@@ -157,8 +160,6 @@ def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, max_
 @tokenizer_opt
 def inspect(episode, logdir, as_json, tokenizer):
     """Per call of LOGFILE (or EPISODE in --logdir): api, tokens, link kind, timings, errors."""
-    from .report import inspect_rows
-
     path = _resolve_episode(episode, logdir)
     try:
         ep = read_calls(path)
@@ -195,9 +196,6 @@ def drift(logdir, harness_key, as_json, tokenizer):
     """Compare token / per-call / retokenize on the same episodes."""
     from tqdm import tqdm
 
-    from .report import drift as run_drift
-    from .strategies import Retokenizer
-
     d = run_drift(logdir, TurnMarkers.load(tokenizer), Retokenizer(tokenizer), harness_key,
                   progress=lambda ps: tqdm(ps, desc="drift", unit="ep", file=sys.stderr, disable=None, leave=False))
     for path, why in d.skipped:
@@ -228,8 +226,6 @@ def drift(logdir, harness_key, as_json, tokenizer):
 @click.option("--json", "as_json", is_flag=True)
 def stats(out, as_json):
     """Episodes, groups, segments, trainable tokens and rewards of the shards in OUT."""
-    from .report import shard_stats
-
     try:
         s = shard_stats(out)
     except FileNotFoundError as exc:
@@ -255,8 +251,6 @@ def stats(out, as_json):
 @tokenizer_opt
 def show(episode, html_path, logdir, tokenizer):
     """Write an HTML view of EPISODE: tokens, trainable spans, logprobs, turns, link kinds."""
-    from .html import render_episode
-
     path = _resolve_episode(episode, logdir)
     try:
         ep = read_calls(path)

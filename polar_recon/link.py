@@ -27,6 +27,7 @@ sub-agents with identical prompts) all train, each in its own segment.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ import numpy as np
 from polar_contracts.assets import QWEN3_TOKENIZER
 from polar_contracts.log.arrays import Call
 from polar_contracts.prefix import common_prefix
+from polar_recon import bytedecode
 
 from .rerender import classify
 
@@ -61,7 +63,6 @@ class TurnMarkers:
     @staticmethod
     @functools.lru_cache(maxsize=8)
     def load(tokenizer_dir: str | os.PathLike = DEFAULT_TOKENIZER) -> TurnMarkers:
-        import json
 
         path = Path(tokenizer_dir) / "tokenizer.json"
         if not path.exists():
@@ -86,8 +87,6 @@ class TurnMarkers:
 
 @functools.lru_cache(maxsize=4)
 def _decoder(tokenizer_dir: str):
-    from . import bytedecode
-
     table = bytedecode.load(tokenizer_dir)  # byte-level BPE (Qwen): a table lookup, no Rust tokenizer
     if table is not None:
         return table

@@ -1,6 +1,6 @@
 """Shard files and the build manifest (the I/O edge of reconstruction).
 
-The file names are the contract in shard_files.py. A shard is written to its temporary name one row
+The file names are the contract in polar_contracts/shards.py. A shard is written to its temporary name one row
 group at a time and renamed only when complete, so a reader never sees a partial shard. The
 manifest (also written by rename) records the strategy and every
 episode already built; a crash between a shard's rename and the manifest's save is repaired on the
@@ -8,6 +8,7 @@ next start by reading the ``episode_id`` column of shards the manifest does not 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import dataclass, field
@@ -178,7 +179,6 @@ class Manifest:
     def _lock(self) -> None:
         """One builder per OUT (shard numbers and the manifest are not shared): an advisory lock
         held for the life of this process's manifest."""
-        import fcntl
 
         self._lock_file = open(self.out / LOCK, "w")
         try:

@@ -260,7 +260,7 @@ class Retokenizer:
         self.end_text = "<|im_end|>"
 
     def render(self, request: dict[str, Any], dialect: str | None = "vllm") -> str:
-        """The chat request rendered as the server renders it (chat_render: content parts joined,
+        """The chat request rendered as the server renders it (polar_contracts/chat/render.py: content parts joined,
         arguments decoded, tools dumped, per server)."""
         try:
             return render_text(self.tok, request, render_rules(dialect))

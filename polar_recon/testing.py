@@ -31,7 +31,9 @@ import numpy as np
 
 from polar_contracts.assets import QWEN3_TOKENIZER
 from polar_contracts.log.writer import EpisodeWriter
-from polar_contracts.shards import shard_name, shard_temp_name
+from polar_contracts.sampling_fields import COLUMNS
+from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
+from polar_contracts.shards import FIDELITY_COLUMNS, SHARD_SCHEMA, shard_name, shard_temp_name
 
 TOKENIZER_DIR = QWEN3_TOKENIZER
 
@@ -264,7 +266,6 @@ def row(seq: dict, episode_id: str, group_id: str, reward: float, *, segment: in
     ``logprobs_mode``, ``sampling_unsupported``; see polar_contracts/sampling_fields.py); a row sets only those given.
     ``realign_tokens``, ``realign_classes``, ``termination``: the fidelity columns (shards.py), set
     only when given (a row without them reads as a shard of an older build)."""
-    from polar_contracts.sampling_fields import COLUMNS
 
     unknown = sampling.keys() - set(COLUMNS)
     if unknown:
@@ -287,8 +288,6 @@ def write_shard(out_dir, seq_no: int, rows: list[dict], filesystem=None) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
-    from polar_contracts.shards import FIDELITY_COLUMNS, SHARD_SCHEMA
 
     schema = SHARD_SCHEMA
     for c in (*SAMPLING_COLUMNS, *FIDELITY_COLUMNS):

@@ -12,7 +12,7 @@ Modules (protocol logic is sans-IO; the aiohttp handlers are in app.py, plus SGL
 - generation.py    request -> GenerationRequest (prompt ids, job), events -> GenerationResult, logprob layouts
 - parsers.py       Qwen3 reasoning + hermes (vLLM) / qwen25 (SGLang) tool-call parsing, streaming;
                    jsonstream.py the incremental JSON scanner behind streamed tool-call arguments
-- dialect.py       the Dialect interface: every rule in which the two servers differ;
+- dialect_base.py  the Dialect interface: every rule in which the two servers differ;
                    dialect_vllm.py (VLLM) / dialect_sglang.py (SGLang) implement it, down to the exact
                    JSON of answers, stream chunks and errors; dialects.py names them for --dialect
 - script.py        scripted mode (format documented there; example data/scripts/create_hello.json)

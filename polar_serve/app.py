@@ -16,6 +16,7 @@ from aiohttp import web
 
 from polar_contracts.chat.render import RequestError, render_chat
 from polar_contracts.control import SERVE_RELOAD_PATH, SERVE_VERSION_PATH
+from polar_contracts.control import WEIGHT_VERSION_HEADER as VERSION_HEADER
 from polar_serve.dialect_base import Dialect
 
 from .engine import Engine, Job
@@ -24,7 +25,6 @@ from .model import ServedModel
 from .params import param_error
 
 log = logging.getLogger("polar-serve")
-VERSION_HEADER = "x-polar-weight-version"
 SCRIPT_HEADER = "x-polar-script-turn"
 
 

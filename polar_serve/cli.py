@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +58,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sampling_setup(args) -> tuple[str, str]:
     """(logprobs mode, generation-config source) of the dialect's flags, as the real servers take them."""
-    from pathlib import Path
 
     if args.dialect == "sglang":
         if args.logprobs_mode is not None or args.generation_config != "auto":
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
     torch.set_num_threads(max(1, args.threads))
-    from pathlib import Path
 
+    # the server's modules (torch, transformers) load only to serve: --help and errors stay fast
     from .app import Server, make_app
     from .listen import serve_forever
     from .model import ServedModel

@@ -29,6 +29,7 @@ chunk by chunk against the running server by tests/vllm/test_differential.py:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from pathlib import Path
@@ -553,7 +554,6 @@ class VLLM(Dialect):
 
 def _config_hash(model_dir) -> str:
     """Eight hex digits standing for vLLM's `vllm_config.compute_hash()[:8]` (per model and version)."""
-    import hashlib
 
     try:
         cfg = (Path(model_dir) / "config.json").read_bytes()

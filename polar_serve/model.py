@@ -16,6 +16,7 @@ reported floored at -9999.0), "raw" (vLLM's default raw_logprobs) or "scaled" (S
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from polar_contracts.prefix import common_prefix
+from polar_contracts.sampling_fields import GREEDY_EPS, LOGPROBS_MODES
 
 LOGPROB_FLOOR = -9999.0
 _PREFILL_CHUNK = 1024
@@ -238,8 +240,6 @@ class HFRunner:
 #   5. processed logprobs = log_softmax of the result (renormalised over the kept tokens).
 # min_p and top_k commute (each keeps the most likely token and min_p depends only on p / p_max),
 # top_p does not: it sees the distribution after both.
-GREEDY_EPS = 1e-5
-LOGPROBS_MODES = ("processed", "raw", "scaled")
 
 
 def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -394,7 +394,6 @@ class ServedModel:
     @staticmethod
     def _gen_defaults(d: Path) -> dict:
         """Sampling defaults of generation_config.json (both servers apply them to unset fields)."""
-        import json
 
         f = d / "generation_config.json"
         if not f.is_file():

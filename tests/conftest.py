@@ -26,7 +26,7 @@ from harness_recipes.node.local_stack import vllm  # noqa: E402
 from tests.support.servers import polar_serve, tiny_model_dir  # noqa: E402
 
 # The name the real vLLM serves the tiny model under in the suite, and the flags it starts with
-# (besides stack.VLLM_FLAGS, which run it with --logprobs-mode processed_logprobs, so the
+# (besides local_stack.VLLM_FLAGS, which run it with --logprobs-mode processed_logprobs, so the
 # differential and capture suites compare processed logprob values): one server for the whole
 # session, so every test that needs flags of its own adds them here rather than starting another
 # (40-100 s and 3.2 GB each).

@@ -1,9 +1,9 @@
-"""GRPO advantages over episodes, not rows (sans-IO; grpo.py applies them in its hook).
+"""GRPO advantages over episodes, not rows (sans-IO; grpo_trainer.py applies them in its hook).
 
 A group (one task) holds episodes; an episode may be several rows (segments: a FORK, a sub-agent, a
 compaction, an n>1 choice). TRL normalises rewards over each block of ``num_generations`` rows, so an
 episode of k segments would count k times in its group's mean and std, and a group laid out over
-several blocks (rollout.py) would be split. Here the unit is the episode, keyed by
+several blocks (shard_rollout.py) would be split. Here the unit is the episode, keyed by
 (``group_id``, ``episode_id``); padding rows (``episode_id`` None) are no episode.
 
 Episode reward: the rows' rewards as TRL combines them (``rewards_per_func`` weighted by

@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.row_temperature import GREEDY_BELOW, logprob_temperature
+from polar_contracts.sampling_fields import GREEDY_EPS
+from trainer.row_temperature import logprob_temperature
 
 LOGPROBS_MODES = ("processed", "scaled")
 FIX = ("start the server with processed logprobs: `vllm serve ... --logprobs-mode processed_logprobs` "
@@ -105,7 +106,7 @@ def row_transform(row: dict, served_default_temperature: float, where: str = "ro
         return None, f"sampling the trainer cannot reproduce: {unsupported}"
     t_req = row.get("temperature")
     t = logprob_temperature(t_req, served_default_temperature)
-    greedy = (served_default_temperature if t_req is None else float(t_req)) < GREEDY_BELOW
+    greedy = (served_default_temperature if t_req is None else float(t_req)) < GREEDY_EPS
     if mode == "scaled" or greedy:
         return Transform(t), ""
     missing = [c for c in ("top_k", "top_p", "min_p") if row.get(c) is None]
@@ -118,8 +119,8 @@ def row_transform(row: dict, served_default_temperature: float, where: str = "ro
 def _identity(row: dict, served_default_temperature: float) -> bool:
     """The row's recorded sampling is the identity transform (so raw logprobs are the processed ones)."""
     t = row.get("temperature")
-    return (t is not None and (float(t) == 1.0 or float(t) < GREEDY_BELOW) and not row.get("sampling_unsupported")
-            and (float(t) < GREEDY_BELOW or (row.get("top_k") is not None and int(row["top_k"]) <= 0
+    return (t is not None and (float(t) == 1.0 or float(t) < GREEDY_EPS) and not row.get("sampling_unsupported")
+            and (float(t) < GREEDY_EPS or (row.get("top_k") is not None and int(row["top_k"]) <= 0
                                              and row.get("top_p") == 1.0 and row.get("min_p") == 0.0)))
 
 

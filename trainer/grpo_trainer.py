@@ -1,90 +1,13 @@
-"""TRL GRPO over Polar shards: a GRPOConfig with the shard fields and a GRPOTrainer subclass.
+"""TRL GRPO over Polar shards: PolarGRPOTrainer, a GRPOTrainer subclass (config: grpo_config.py).
 
-Extension points used (TRL 1.16), and nothing else:
-- ``rollout_func``: pulls G-row groups from the ShardSource instead of generating (trainer/shard_rollout.py
-  documents the row mapping and the group-size policy). Returns ``env_mask`` (the shard's loss mask)
-  and the recorded ``logprobs``, which TRL pads into ``sampling_per_token_logps``.
-- reward function ``shard_reward``: returns the shard's ``reward`` column, forwarded by TRL from the
-  rollout's extra keys.
-- one subclass hook, ``_generate_and_score_completions``: after TRL has built the batch, replace its
-  advantages by per-episode ones (below), then apply importance sampling against the recorded
-  behaviour logprobs. ``_calculate_rewards`` is extended only to keep TRL's (all-rank) reward matrix
-  for that (its return value is TRL's, unchanged).
-  TRL runs its own correction only with ``use_vllm=True``; here the same modes, names and defaults
-  (``vllm_importance_sampling_correction/mode/clip_min/clip_max``, which this config reuses) are
-  applied by scaling the advantages per token (B, T) or per sequence (B, 1), a shape TRL's loss
-  explicitly accepts from subclasses. For every loss but vespo the per-token loss is positively
-  homogeneous in the advantage (-min(r*A*w, clip(r)*A*w) = -w*min(r*A, clip(r)*A) for w >= 0; cispo
-  and sapo are linear in A), so this equals TRL's ``per_token_loss * importance_sampling_ratio``
-  exactly, with the KL term left uncorrected as in TRL. For vespo the ratio goes to
-  ``inputs["importance_sampling_ratio"]``, which TRL's vespo loss reads.
-- ``train(resume_from_checkpoint=...)`` restores the shard cursor; a TrainerCallback writes it into
-  every checkpoint directory.
-
-Advantages per episode (trainer/advantages.py has the formulas). TRL normalises over each block of
-``num_generations`` rows (``rewards.view(-1, G)``), so an episode of k segments would count k times in
-its group's mean and std, and a group laid out over several blocks (rollout.py) would be split. The
-hook recomputes them from the rows' ``group_id``/``episode_id`` (gathered from every rank, in TRL's
-gather order, next to TRL's gathered ``rewards_per_func``): one reward per episode (the weighted sum of
-the reward functions, ``reward_weights``, averaged over the episode's rows; ``shard_reward`` gives every
-row the episode's reward), the group's baseline = the mean over its EPISODES, and the scale by
-``scale_rewards`` exactly as TRL defines the modes: ``"group"`` divides by the std (Bessel, TRL's
-``nanstd``) of the group's episode rewards + 1e-4, ``"batch"`` by the std of every episode reward in the
-generation batch (all ranks) + 1e-4, ``"none"`` does not divide; ``multi_objective_aggregation=
-"normalize_then_sum"`` normalises each function over the group's episodes, sums, then normalises over
-the batch's episodes, as TRL does over rows. Every row of an episode gets the episode's advantage;
-padding rows and unscorable episodes 0; a group with one scorable episode 0 (as TRL: std NaN). The
-rank's slice is ``[process_index * len(inputs), ...)``, TRL's own; TRL's logged advantages are
-replaced by these.
-
-Loss normalisation with several rows of one episode. Recon trains each sampled token in exactly one
-row, so the rows of an episode hold disjoint trainable tokens. Token-level losses (``dapo``, TRL's
-default, ``bnpo``, ``cispo``, ``vespo``: sum over trainable tokens / their count; ``dr_grpo``: / (rows x
-max_completion_length); ``luspo``: per-row token sums averaged over rows) weigh every token the same
-wherever it sits, so an episode weighs the same split or not. The per-row-mean losses (``grpo``,
-``sapo``: each row's token mean, averaged over rows) would count an episode of k rows k times: for them
-the hook multiplies each row's advantage by (row's trainable tokens / episode's), which makes the k rows
-sum to what one row holding all the episode's tokens gives (the loss is positively homogeneous in the
-advantage; the KL term, if ``beta`` > 0, is not reweighted). Padding rows (env_mask 0) add no token;
-for ``grpo``/``sapo``/``luspo``/``dr_grpo`` they still count in the row count that divides the loss
-(a constant scale per batch).
-
-Truncation. ``mask_truncated_completions`` is applied by the rollout from the shard's ``termination``
-(rollout.py): rows of episodes that ended by ``length``/``timeout`` get env_mask 0 whatever their last
-token, rows without a recorded termination keep TRL's last-token rule, and TRL's own rule is turned
-off. Rows longer than ``shard_max_length`` (default: the model's ``max_position_embeddings``) are
-excluded with their episode and counted (``too_long``): TRL 1.16 truncates nothing on the
-``rollout_func`` path (no ``max_prompt_length``; ``max_completion_length`` bounds only TRL's own
-generation), so excluding is the only way such a row does not run past the model's positions; a
-refusal in the config cannot work since lengths are known only when the shards are read.
-
-Ranks. Each rank's ShardSource takes only its partition of the groups (shard_source.py: Ranks) and
-saves its own cursor into each checkpoint. The ranks fill their batches in lockstep (ShardRollout:
-every poll interval they exchange "done" and "ran past shard_wait_timeout"); when one rank's partition
-runs dry past the timeout, EVERY rank raises NoShardsError in the same call, so none is left blocked in
-a collective; with no timeout all ranks wait together for the data.
-
-pi_old for the ratio: the hook ``_old_policy_logps(output, transforms)`` (override it to change how
-the old policy's log-probs are formed). The behaviour logprobs are the server's, of the distribution
-it sampled from: with truncated sampling (Qwen3's generation_config: T=0.6, top_k=20, top_p=0.95,
-applied to every request that sets none) that is the renormalised kept set, not the full softmax.
-So pi_old of each sampled token is taken under the SAME transform, per row, from the shard's
-columns (trainer/behaviour_logprobs.py: processed = temperature, min_p, top_k, top_p in vLLM 0.32's order,
-renormalised; scaled (SGLang) = temperature only); a full-softmax pi_old would make every token's
-ratio its kept mass and ``sequence_mask`` would drop every row. TRL's own loss logps
-(``old_per_token_logps``, the PPO ratio) stay full-softmax at ``temperature``: both sides of that
-ratio are the same policy family, so it needs no truncation. When no row truncates, pi_old is TRL's
-``old_per_token_logps`` if computed (misaligned steps), else one no-grad forward (what TRL does for
-its vLLM path). With the correction on, rows with raw or unknown logprob modes stop training with the
-fix (trainer/behaviour_logprobs.py FIX; raw rows of identity sampling, where raw is processed, excepted), and
-episodes the trainer cannot reproduce (``sampling_unsupported``, unknown truncation) are excluded,
-counted (``polar/rows_excluded_sampling_total``) and logged.
-
-Temperature: the trainer's logps divide the logits by ``temperature``; it must be the sampling
-temperature the server used, or the ratio measures the temperature, not the staleness. Shards
-record each row's requested temperature and every group is checked against ``temperature``
-(trainer/row_temperature.py; a request without one got the served model's
-generation_config.json default).
+It uses TRL 1.16's extension points and nothing else: ``rollout_func`` (ShardRollout in
+shard_rollout.py pulls whole groups from the shards), the reward function ``shard_reward`` (the
+shard's reward column), and one hook, ``_generate_and_score_completions``, which replaces TRL's
+advantages by per-episode ones (advantages.py) and applies importance sampling against the
+recorded behaviour logprobs (``_old_policy_logps``: override it to change how pi_old is formed;
+behaviour_logprobs.py, is_correction.py). ``train(resume_from_checkpoint=...)`` restores the shard
+cursor. The design, with the reasons (episode advantages, loss normalisation, truncation, ranks,
+pi_old under the server's sampling): docs/training.md.
 """
 from __future__ import annotations
 
@@ -105,6 +28,7 @@ from trainer.is_correction import is_ratio
 from trainer.row_temperature import generation_default
 from trainer.shard_rollout import ShardRollout, shard_reward
 from trainer.shard_source import ShardCursor, ShardSource
+from trainer.weight_sync import WeightSyncCallback
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +84,6 @@ class PolarGRPOTrainer(GRPOTrainer):
         self.polar_is_stats: dict[str, float] = {}
         callbacks = [ShardCursorCallback(source), *(callbacks or [])]
         if args.sync_server:
-            from trainer.weight_sync import WeightSyncCallback
             callbacks.append(WeightSyncCallback.from_config(args, source))
         super().__init__(
             model=model,
@@ -172,7 +95,7 @@ class PolarGRPOTrainer(GRPOTrainer):
             rollout_func=self.shard_rollout,
             **kwargs,
         )
-        # The rollout masks truncated episodes by their recorded termination (rollout.py); TRL's own rule
+        # The rollout masks truncated episodes by their recorded termination (shard_rollout.py); TRL's own rule
         # (last token not EOS) would mask segments that end in a tool result and miss length stops.
         self.mask_truncated_completions = False
         self._polar_rewards_per_func: torch.Tensor | None = None

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-GREEDY_BELOW = 1e-5  # the servers' own threshold (polar_serve/model.py, vLLM's _SAMPLING_EPS)
+from polar_contracts.sampling_fields import GREEDY_EPS
+
 TOLERANCE = 1e-6
 
 
@@ -42,7 +43,7 @@ def generation_default(model) -> float:
 def logprob_temperature(requested: float | None, served_default: float) -> float:
     """The temperature the server's reported logprobs were computed at."""
     t = served_default if requested is None else float(requested)
-    return 1.0 if t < GREEDY_BELOW else t
+    return 1.0 if t < GREEDY_EPS else t
 
 
 def check_rows(rows: list[dict], trainer_temperature: float, served_default: float, where: str) -> None:

@@ -1,9 +1,8 @@
-"""Turn shard groups into the rows TRL's ``rollout_func`` must return.
+"""The shard rollout: shard groups turned into the rows TRL's ``rollout_func`` must return.
 
 TRL's contract: ``rollout_func(prompts, trainer)`` gets the sampler's prompts already repeated
-``num_generations`` (G) times and returns exactly ``len(prompts)`` rows; consecutive runs of G
-rows form one GRPO group (``rewards.view(-1, G)``). The prompts are placeholders here: the shard
-stream decides what is trained.
+``num_generations`` (G) times and returns exactly ``len(prompts)`` rows; consecutive runs of G rows
+form one GRPO group. The prompts are placeholders: the shard stream decides what is trained.
 
 One shard row (a segment) -> one TRL row:
     prompt_ids     = input_ids[:prompt_len]          (up to the first trainable token)
@@ -12,43 +11,10 @@ One shard row (a segment) -> one TRL row:
     logprobs       = logprobs[prompt_len:]           (behaviour logprobs; 0.0 where env_mask is 0)
     reward         = the episode's reward            (consumed by ``shard_reward``)
 
-Groups and episodes (the unit of GRPO here is the episode: trainer/advantages.py):
-- Multi-segment episodes: each segment is its own row and carries its episode's reward; the
-  advantages are recomputed per episode (an episode counts once in its group's mean/std, whatever its
-  number of segments) and every segment gets its episode's advantage (grpo.py's hook).
-- policy "pad" (default): every row of every episode is kept. A group of R rows takes ceil(R/G)
-  consecutive blocks of G rows (the baseline is over the group's episodes, not per block), the last
-  block filled with padding rows (a copy of the first row's prompt plus one token, env_mask 0, reward
-  None: TRL treats a row whose every reward is None as unscorable, NaN reward, advantage 0; with
-  env_mask 0 it adds no token to the loss or to its normaliser). A group that does not fit in what is
-  left of the generation batch is put back into the source (its cursor stays before it) and comes
-  first in the next batch; the rest of this batch is padding (``groups_deferred``, ``rows_padded``).
-  A group larger than a whole generation batch cannot be trained without splitting its baseline: it
-  stops training with the sizes to raise (GroupTooLarge). A group with fewer than 2 episodes is
-  skipped (no baseline to compare against: its advantages would all be 0).
-- policy "skip" (opt-in, strict TRL shape): only groups of exactly G rows are trained; any other
-  group is skipped whole, with its episodes (counted: ``size_mismatch`` groups, and the rows).
-Every skip, pad and deferral is counted and logged.
-
-Rows the trainer must not train as they are (whole episodes excluded, counted by reason in
-``RolloutStats.rows_excluded`` and logged):
-- longer than ``max_length`` (the model's ``max_position_embeddings`` unless configured lower):
-  ``too_long``. TRL 1.16 truncates nothing on the ``rollout_func`` path (``max_prompt_length`` is gone
-  and ``max_completion_length`` only bounds its own generation), so a row past the model's positions
-  would be run as is; excluding its episode keeps the rest of the group trainable.
-Termination (shard column ``termination``: stop | length | timeout | error, one per episode): with
-``mask_truncated_completions`` on, every row of an episode that ended by ``length`` or ``timeout``
-gets env_mask 0 (no loss, no share of the normaliser; its reward still counts in the baseline, as in
-TRL); a row with no termination (an older shard) falls back to TRL's rule (last completion token not
-EOS/pad). The trainer turns TRL's own last-token rule off (it would mask a segment that ends in a tool
-result and keep a length-stopped one ending in EOS).
-
-Sampling (with importance-sampling correction on; trainer/behaviour_logprobs.py): every row's transform (the
-distribution its recorded logprobs reflect) is resolved from its columns by ``resolve_sampling``,
-which refuses raw/unknown logprob modes (LogprobsModeError) and excludes whole episodes containing a
-row the trainer cannot reproduce (``sampling_unsupported``, unknown top_k/top_p/min_p), with the
-reason; the rest of the group is fitted as above. Each TRL row carries its transform (``transform``,
-not forwarded to TRL: ShardRollout hands the list to the trainer's old-policy hook, in rollout order).
+Group-size policies (pad, skip), exclusions (too long, sampling the trainer cannot reproduce),
+truncation masking from the ``termination`` column, and why: docs/training.md ("Groups",
+"Lengths and truncation", "Importance-sampling correction"). Every skip, pad, deferral and
+exclusion is counted in RolloutStats and logged.
 """
 from __future__ import annotations
 
@@ -190,7 +156,7 @@ def shard_reward(prompts, completions, reward, **kwargs) -> list[float | None]:
 
 
 class ShardRollout:
-    """The ``rollout_func``: fills len(prompts) rows with whole groups from the source (rollout.py)."""
+    """The ``rollout_func``: fills len(prompts) rows with whole groups from the source (module doc)."""
 
     def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
                  wait_timeout: float | None = None, temperature: float | None = None,

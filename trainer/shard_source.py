@@ -16,7 +16,7 @@ come in the order their ``group_id`` first appears.
 Cursor (what a checkpoint stores): the shards fully handed out, the shard being handed out and
 how many of its groups were handed out. Handed out = returned by ``take``/``next_group`` or
 dropped by a filter: the trainer pulls groups only when it starts a generation batch, so at a
-checkpoint every handed-out group has been trained (see grpo.py for the save_steps check).
+checkpoint every handed-out group has been trained (see grpo_trainer.py for the save_steps check).
 Restoring the cursor re-queues every other shard, so a restart neither repeats nor skips a group.
 
 Weight versions are opaque strings (SGLang's and vLLM's ``"default"``, the trainer's
@@ -43,7 +43,7 @@ drops). Each rank keeps its own cursor (its position in the same shard order) an
 ``polar_shard_cursor.rank<R>.json`` (one file per rank; ``polar_shard_cursor.json`` with one process);
 a cursor records the world size it was made with and restoring it under another is refused (the
 partition would move groups between ranks: some repeated, some skipped). What happens when one rank
-runs out of groups before the others is the rollout's business (grpo.py ``ShardRollout``: the ranks
+runs out of groups before the others is the rollout's business (grpo_trainer.py ``ShardRollout``: the ranks
 wait in lockstep and stop together).
 
 Putting a group back (``push_back``): the rollout takes a group, finds it does not fit in what is left

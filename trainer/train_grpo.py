@@ -1,33 +1,22 @@
-"""Train with GRPO on Polar shards as they land.
+"""Train with GRPO on Polar shards as they land (``polar-train``).
 
     polar-train --shards OUT --model DIR --output_dir CKPT --max_steps 100 \
         [--num_generations 4 --per_device_train_batch_size 8 --learning_rate 1e-6 --temperature 1.0] \
         [--vllm_importance_sampling_mode sequence_mask --vllm_importance_sampling_clip_max 3.0] \
         [--max_policy_lag 2 --group_size_policy pad] \
-        [--sync_server http://127.0.0.1:8000 --sync_steps 1 --sync_mode polar] [--resume] [--config FILE.yaml]
+        [--sync_server http://127.0.0.1:8080 --sync_steps 1 --sync_mode proxy] [--resume] [--config FILE.yaml]
 
-Every GRPOConfig / TrainingArguments flag works (TrlParser, YAML via --config). Set --temperature to the
-sampling temperature of the server, or the importance ratios compare different distributions: every
-group is checked (shards record the temperature the server applied, e.g. 0.6 for Qwen3's
-generation_config.json) and a mismatch stops training with the value to pass.
-
-Importance sampling (on by default, TRL's ``vllm_importance_sampling_*`` flags): the old policy's
-log-probs are taken under each row's recorded sampling transform (temperature, then min_p/top_k/top_p
-in vLLM's order for ``processed`` logprobs; temperature only for SGLang's ``scaled``), so truncated
-sampling gives ratio 1 on-policy. Rows with ``raw`` or unknown logprobs stop training with the fix
-(``vllm serve ... --logprobs-mode processed_logprobs``); rows whose sampling cannot be reproduced
-(``sampling_unsupported``: penalties, logit_bias, ...) are excluded with their episode, counted and
-logged. ``--vllm_importance_sampling_correction false`` trains on any rows without the correction.
-
-Advantages are per episode (grpo.py); groups are never cut for their segments; ``--shard_max_length``
-(default: the model's max_position_embeddings) excludes longer episodes, counted; ``--mask_truncated_completions``
-uses the shards' ``termination``. Several processes: ``accelerate launch --num_processes N -m trainer.train_grpo
-...``: each rank trains its own partition of the groups and checkpoints its own cursor.
+Every GRPOConfig / TrainingArguments flag works (TrlParser, YAML via --config); the Polar fields are
+PolarGRPOConfig's (grpo_config.py). Several processes: ``accelerate launch --num_processes N -m
+trainer.train_grpo ...``. What each option does and why: docs/training.md and docs/reference.md.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+
+from trainer.grpo_config import PolarGRPOConfig
+from trainer.grpo_trainer import PolarGRPOTrainer
 
 
 @dataclass
@@ -42,7 +31,6 @@ def build(script, cfg):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo_trainer import PolarGRPOTrainer
 
     if not script.model:
         raise SystemExit("--model DIR is required")
@@ -59,7 +47,6 @@ def main(argv: list[str] | None = None):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented hook we use
     from trl import TrlParser
 
-    from trainer.grpo_config import PolarGRPOConfig
 
     script, cfg = TrlParser((ScriptArguments, PolarGRPOConfig)).parse_args_and_config(args=argv)
     trainer = build(script, cfg)

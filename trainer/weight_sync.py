@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 import urllib.error
@@ -170,7 +171,6 @@ class WeightSyncCallback(TrainerCallback):
 
     @classmethod
     def from_config(cls, args, source=None) -> WeightSyncCallback:
-        import os
 
         return cls(args.sync_server, every_steps=args.sync_steps, mode=args.sync_mode, lora_name=args.lora_name,
                    keep=args.sync_keep, source=source, api_key=os.environ.get("POLAR_SYNC_API_KEY"),

@@ -84,6 +84,10 @@ from harness_recipes.cache import tiny_model
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.node.processes import running, venv_bin
 from polar_contracts.control import SERVE_VERSION_PATH, end_path
+from trainer.grpo_config import PolarGRPOConfig
+from trainer.grpo_trainer import PolarGRPOTrainer
+from trainer.row_temperature import generation_default
+from trainer.weight_sync import WeightSyncCallback
 
 
 @dataclass
@@ -105,7 +109,7 @@ class LoopConfig:
     seed: int = 0  # sampling seeds (per episode) and the trainer's seed: the whole loop is reproducible
     prompt: str = "Name one thing."
     dialect: str = "vllm"
-    max_policy_lag: int | None = None  # needs weight versions in the logs (see the README)
+    max_policy_lag: int | None = None  # needs weight versions in the logs (docs/training.md)
     timeout: float = 120.0
     arm: str = "real"  # see ARMS
     turns: int = 2  # assistant turns per episode; the reward needs the target in every one
@@ -324,9 +328,6 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.grpo_config import PolarGRPOConfig
-    from trainer.grpo_trainer import PolarGRPOTrainer
-    from trainer.row_temperature import generation_default
 
     t0 = time.monotonic()
     work = Path(cfg.workdir)
@@ -372,7 +373,6 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
         agent.join(cfg.timeout)
         if errors:
             raise errors[0]
-        from trainer.weight_sync import WeightSyncCallback
         sync = next(c for c in trainer.callback_handler.callbacks if isinstance(c, WeightSyncCallback))
         result.syncs = sync.syncs
         result.shards = trainer.shard_source.stats.shards_read

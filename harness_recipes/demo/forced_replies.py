@@ -26,7 +26,7 @@ work is split where the information is:
 
 Why not elsewhere: the harness cannot add the field; the capture proxy could, but then the
 component whose recordings are under test would also be the one doing the scripting (and would need
-the tokenizer, which it deliberately never imports: addon/README.md). A logits processor alone
+the tokenizer, which it deliberately never imports: docs/capture.md). A logits processor alone
 would have to recover the request from prompt token ids. The shim forwards response bytes
 unchanged, chunk by chunk as they arrive (streams stay streams; the chunk holding the final
 `data: [DONE]` goes out in one write with the body's end), so the proxy records what vLLM sampled
@@ -55,11 +55,15 @@ import time
 from importlib.resources import files
 from pathlib import Path
 
+from addon.routing import CHAT_PATH
+from polar_contracts.chat.render import RequestError, thinking_enabled
+from polar_serve.listen import serve_forever
+from polar_serve.script import ScriptError, choose_reply, load_script
+
 READY = "polar-forced-replies listening on "
 KEY = "polar_forced"  # = polar_forced_reply.KEY (that module lives in vLLM's environment, not ours)
 PLUGIN_MODULE = "polar_forced_reply"
 PLUGIN_CLASS = f"{PLUGIN_MODULE}:ForcedReply"
-CHAT_PATH = "/v1/chat/completions"
 DONE = b"data: [DONE]\n\n"  # the last event of an OpenAI-style stream
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length"}
@@ -102,7 +106,6 @@ class Forcer:
     def __init__(self, model_dir: Path, script_path: Path, log: Path | None = None):
         from tokenizers import Tokenizer
 
-        from polar_serve.script import load_script
 
         self.script = load_script(script_path)
         self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
@@ -115,8 +118,6 @@ class Forcer:
     def rewrite(self, body: dict) -> tuple[dict, dict | None, float]:
         """The body with `vllm_xargs.polar_forced` added (unless the reply samples), the forced
         record, and the delay to sleep. Raises polar_contracts.chat.render.RequestError."""
-        from polar_contracts.chat.render import thinking_enabled
-        from polar_serve.script import choose_reply
 
         reply = choose_reply(self.script, body, thinking_enabled(body))
         if reply.text is None:
@@ -140,7 +141,6 @@ def _error(message: str, status: int = 400, err_type: str = "BadRequestError"):
 def make_app(forcer: Forcer, upstream: str):
     from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-    from polar_contracts.chat.render import RequestError
 
     upstream = upstream.rstrip("/")
 
@@ -207,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0, help="0: a free port, reported on the ready line")
     ap.add_argument("--log", default=None, help="append one JSON line per forced reply")
     args = ap.parse_args(argv)
-    from polar_serve.listen import serve_forever
-    from polar_serve.script import ScriptError
     try:
         forcer = Forcer(Path(args.model), Path(args.script), args.log)
     except (ScriptError, OSError, ValueError) as e:

@@ -9,7 +9,7 @@
      token ids in `vllm_xargs` (harness_recipes/demo/forced_replies.py): vLLM samples the forced tokens
      and reports the model's own logprobs of them. Started with `--generation-config vllm`
      (temperature 1, no top-k/top-p) and `--logprobs-mode raw_logprobs` (not the project's
-     processed default, stack.VLLM_FLAGS: processed logprobs come after the forcing processor, 0.0
+     processed default, local_stack.VLLM_FLAGS: processed logprobs come after the forcing processor, 0.0
      for every forced token); at temperature 1 without truncation raw logprobs are the processed
      ones of the model's own distribution, and the trainer's temperature 1 is the one they were
      computed at. The capture proxy runs with polar_generation_config=none (what the server applies).
@@ -40,6 +40,7 @@ from harness_recipes.node.local_stack import capture_proxy, scripted_vllm, serve
 from harness_recipes.recipes.install import ensure_installed, installed_version
 from harness_recipes.recipes.recipe import load_recipe
 from polar_contracts.assets import data_path
+from trainer.row_temperature import generation_default, logprob_temperature
 
 TASKS = data_path("tasks", "tasks.jsonl")
 SCRIPT = data_path("tasks", "scripts", "fix_tasks.json")
@@ -66,7 +67,6 @@ def served_default_temperature(server: str, model: Path) -> float:
     """The temperature the server applies to requests that set none: polar-serve, the model's
     generation_config.json default, as vLLM does by default; our vLLM runs `--generation-config vllm`
     (vLLM's neutral defaults: 1.0)."""
-    from trainer.row_temperature import generation_default
 
     return 1.0 if server == "vllm" else generation_default(model)
 
@@ -77,7 +77,6 @@ def sampling_temperature(shards: Path, default: float) -> float:
     compute its logprobs at it; it checks every group (trainer/row_temperature.py)."""
     import polars as pl
 
-    from trainer.row_temperature import logprob_temperature
 
     temps = pl.read_parquet(shards / "shard-*.parquet", columns=["temperature"])["temperature"].to_list()
     found = sorted({logprob_temperature(t, default) for t in temps})

@@ -1,11 +1,11 @@
 """`polar-rollout fleet`: the rollout node of `run`, on every node of a Ray cluster.
 
     driver (polar-rollout fleet)             Ray node 1 .. N
-      TaskQueue actor (fleet_queue.py)  <--  RolloutNode actor: K capture proxies (proxies.py) in front
+      TaskQueue actor (fleet/queue.py)  <--  RolloutNode actor: K capture proxies (proxies.py) in front
       WeightsCoordinator actor               of --server, the pipelined phases of `run` (scheduler.py),
       recon: polar-recon watch over the      each finished episode's log + record -> the store
         store's logs -> <store>/shards       (store.py)
-        (fleet_recon.py)
+        (fleet/recon.py)
       live view of every node
 
 Placement is Ray's: one RolloutNode per alive node, pinned with a hard NodeAffinitySchedulingStrategy
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import harness_recipes.node.episode as ep
+from addon.weight_hold import urllib_http
 from harness_recipes.fleet.queue import Group, WorkQueue
 from harness_recipes.fleet.recon import make_recon
 from harness_recipes.fleet.store import LOGS, RECORDS, STAGING, Store
@@ -47,6 +48,8 @@ from harness_recipes.node.scheduler import PHASES, Job, Limits, Pipeline
 from harness_recipes.recipes.install import ensure_installed
 from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.runtimes import make_runtime
+from polar_contracts.control import SYNC_PATH
+from trainer.ray_join import join
 
 POLL_S = 0.2  # how often an idle node asks the queue again
 
@@ -229,8 +232,6 @@ class RolloutNode:
         return [{**a, "node": self.name} for a in await release_proxies(held, version, after, ok, keep=keep)]
 
     async def weights_info(self) -> list[dict]:
-        from addon.weight_hold import urllib_http
-        from polar_contracts.control import SYNC_PATH
         out = []
         for u in self.urls:
             status, body = await urllib_http("GET", u + SYNC_PATH, None, {}, 30.0)
@@ -331,7 +332,6 @@ class Cluster:
             self.cluster.wait_for_nodes()
             ray.init(address=self.cluster.address, log_to_driver=False)
         else:
-            from trainer.ray_join import join
             join(self.address)  # RayJoinError in seconds when nothing answers there
         return self
 
@@ -373,7 +373,7 @@ def run_fleet(cfg: NodeConfig, groups: list[Group], *, max_attempts: int = 3, on
 
     t0 = time.monotonic()
     store = Store(cfg.store)  # fail here, not on every node, for a bad URI
-    recon = make_recon(store, cfg.samples)  # fleet_recon.py: in place on a shared filesystem, else mirrored
+    recon = make_recon(store, cfg.samples)  # fleet/recon.py: in place on a shared filesystem, else mirrored
     recon.start()
     try:
         # the queue and the coordinator live on the driver's node: they must not die with a rollout node

@@ -12,6 +12,7 @@ need. What is not: that the cluster, the server, the store and the model exist (
 """
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from pathlib import Path
 from harness_recipes.recipes.recipe import RecipeError, load_recipe
 from harness_recipes.tasks.swebench.instances import PREFIX, is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
+from trainer.grpo_config import PolarGRPOConfig
+from trainer.train_grpo import ScriptArguments
 
 ENGINES = ("sglang", "vllm")
 STORE_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "abfs", "abfss")
@@ -164,10 +167,7 @@ def _check_trainer(exp: Experiment, w: str) -> None:
     if _get(t, "launcher", str, where) not in ("accelerate", "python"):
         raise ExperimentError(f"{where}.launcher must be accelerate or python, not {t['launcher']!r}")
     args = _get(t, "args", dict, where)
-    import dataclasses
 
-    from trainer.grpo_config import PolarGRPOConfig
-    from trainer.train_grpo import ScriptArguments
     known = {f.name for cls in (ScriptArguments, PolarGRPOConfig) for f in dataclasses.fields(cls)}
     if bad := sorted(set(args) - known):
         raise ExperimentError(f"{where}.args: not flags of polar-train (PolarGRPOConfig / ScriptArguments): {bad}")

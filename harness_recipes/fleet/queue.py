@@ -1,4 +1,4 @@
-"""The fleet's one task queue, sans-IO (no Ray, no clock): the Ray actor in fleet.py wraps it.
+"""The fleet's one task queue, sans-IO (no Ray, no clock): the Ray actor in driver.py wraps it.
 
 The unit of work is one GRPO group: a task with the samples of it still to run. A node takes a
 whole group, so the group's episodes are reconstructed together on that node (its shards hold
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness_recipes.node.episode import episode_id
+from harness_recipes.node.episode import TERMINAL, episode_id
 from harness_recipes.tasks.task_file import Task
 
 QUEUED, RUNNING, DONE, GIVEN_UP = "queued", "running", "done", "given up"
@@ -144,7 +144,6 @@ def plan_groups(tasks: list[Task], samples: int, records: list[dict] = ()) -> tu
     record (highest attempt) has a terminal status is done (a resumed fleet skips it); the others
     of a task run again as one group under the next attempt number, so every retry is a new
     episode id and never appends to an old log."""
-    from harness_recipes.node.episode import TERMINAL
 
     last: dict[tuple[str, int], dict] = {}
     for r in records:

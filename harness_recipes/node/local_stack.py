@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from importlib.resources import files
 from pathlib import Path
 
+from harness_recipes.cache import vllm_python
+from harness_recipes.demo.forced_replies import READY, vllm_plugin_args, vllm_plugin_env
 from harness_recipes.node.processes import Proc, free_port, running, venv_bin
 
 SERVE_READY = "polar-serve listening on "
@@ -65,7 +67,6 @@ def vllm(model_dir: Path, *, model_name: str = "polar-model", extra_args=(), pyt
          echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
     """The real vLLM OpenAI server (its own environment: cache.vllm_python) on a free loopback port,
     offline. Ready when the app has started: vLLM binds its port before it loads the model."""
-    from harness_recipes.cache import vllm_python
 
     python = Path(python or vllm_python())
     if not python.exists():
@@ -124,7 +125,6 @@ def forced_replies(upstream: str, model_dir: Path, script: Path, *, record: Path
     """The scripting shim (forced_replies.py) in front of `upstream`, a vLLM started with
     `extra_args=vllm_plugin_args(), env=vllm_plugin_env()`: each chat request gets the script's reply
     as `vllm_xargs.polar_forced` token ids. `record`: one JSON line per forced reply."""
-    from harness_recipes.demo.forced_replies import READY
 
     cmd = [sys.executable, "-m", "harness_recipes.demo.forced_replies", "--upstream", upstream, "--model", str(model_dir),
            "--script", str(script), "--host", "127.0.0.1", "--port", "0"]
@@ -142,7 +142,6 @@ def scripted_vllm(model_dir: Path, script: Path, *, model_name: str = "polar-mod
     """The real vLLM with the ForcedReply plugin and the scripting shim in front of it: the scripted
     counterpart of `serve(model_dir, script=...)`. Yields the shim's Proc (`.url`: point the capture
     proxy at it); `.vllm` is vLLM's Proc."""
-    from harness_recipes.demo.forced_replies import vllm_plugin_args, vllm_plugin_env
 
     with vllm(model_dir, model_name=model_name, extra_args=[*vllm_plugin_args(), *map(str, extra_args)],
               env={**vllm_plugin_env(), **(env or {})}, log=vllm_log, timeout=timeout, echo=echo) as v, \

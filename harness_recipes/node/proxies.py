@@ -132,7 +132,7 @@ Release = Callable[[list[dict], str | None, bool, bool], Awaitable[list[dict]]]
 
 async def coordinate(version: str, hold: Hold, lead: Lead, release: Release, lease_s: float) -> SyncResult:
     """One sync across proxies, whatever carries the requests (HTTP here; Ray calls to each node of
-    a fleet, fleet.py): hold every follower, have the leader sync (the server loads once), release
+    a fleet, fleet/driver.py): hold every follower, have the leader sync (the server loads once), release
     the followers with the version the leader's sync ended with.
 
     A hold that fails releases the holds already taken (unchanged) and nothing loads. A leader with

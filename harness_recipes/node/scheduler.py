@@ -19,7 +19,9 @@ import harness_recipes.node.episode as ep
 from harness_recipes.node.records import Records
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
+from harness_recipes.tasks.swebench.grade import grade
 from harness_recipes.tasks.task_file import Task
+from polar_contracts.log.reader import LogError, read_episode
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
 
@@ -205,7 +207,6 @@ class Pipeline:
             raise RuntimeError(end_err)
 
     async def _grade_swebench(self, job: Job, sandbox: Sandbox):
-        from harness_recipes.tasks.swebench.grade import grade
         env = {"PATH": self.settings.base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
         g = await grade(job.task.swebench, sandbox, env, job.task.eval_timeout, self.records.episode_dir(job.eid))
         job.record["swebench"] = g.metadata()
@@ -236,7 +237,6 @@ class Pipeline:
         """Check the capture log is complete before it is counted as ready for reconstruction."""
         if self.logdir is None:
             return
-        from polar_contracts.log.reader import LogError, read_episode
         path = self.logdir / f"{job.eid}.arrow"
         deadline = time.monotonic() + self.log_wait
         while True:

@@ -5,6 +5,7 @@ from .base import ExecResult, Runtime, Sandbox
 
 
 def make_runtime(name: str, **options) -> Runtime:
+    # imported on choice: the docker runtime needs the docker SDK, the local one bubblewrap
     if name == "local":
         from .local import LocalRuntime
         return LocalRuntime(**options)

@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import io
 import shutil
+import subprocess
 import tarfile
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from harness_recipes.runtimes.images import ImageError, instance_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import harness_cache
@@ -166,7 +168,6 @@ def node_mounts(workdir: str | None) -> dict:
     NODE_DIR/node. A node that needs libraries beyond glibc and libstdc++ (Debian's own nodejs links
     libnode, libuv, ICU) gets them mounted beside it and a wrapper that sets LD_LIBRARY_PATH for node
     (its children inherit it: with a self-contained node, as nodesource's, there is no wrapper)."""
-    import subprocess
     node = shutil.which("node")
     if not node:
         return {}
@@ -266,7 +267,6 @@ class DockerRuntime(Runtime):
         )
 
     async def _prepare_instance(self, task: Task, episode_id: str) -> Sandbox:
-        from .images import ImageError, instance_image
         inst = task.swebench
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         try:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 import sys
 import tempfile
 from importlib.resources import files
 from pathlib import Path
 
+from harness_recipes.cache import harness_cache
 from harness_recipes.tasks.task_file import Task
 
 from .base import ExecResult, Runtime, Sandbox, populate_workspace, run_process
@@ -23,8 +25,6 @@ def _visible_under_tmp() -> list[str]:
     """Paths the harness needs that a private /tmp would hide, when they live under /tmp: the harness
     CLIs (the harness cache), the Python environment, and where Polar's packages are imported from
     (a checkout, for an editable install)."""
-    from ..cache import harness_cache
-
     packages = {Path(str(files(p))).resolve().parent for p in ("harness_recipes", "polar_data")}
     keep = {*packages, Path(sys.prefix).resolve(), harness_cache().resolve()}
     tmp = Path("/tmp").resolve()
@@ -32,7 +32,6 @@ def _visible_under_tmp() -> list[str]:
 
 
 def bwrap_available() -> bool:
-    import subprocess
     exe = shutil.which("bwrap")
     if not exe:
         return False

@@ -12,7 +12,7 @@ Sources followed (read through the code index; see wire-formats.md for the byte-
   `tojson`); a `reasoning` / `reasoning_content` on an assistant message is passed as both names;
   tools are `tool.model_dump()` = {"type", "function": {"name", "description" (null kept),
   "parameters", <extra keys>}} and stay in the prompt even with `tool_choice: "none"`.
-- SGLang 0.5.23: chat_render_sglang.py (rules `SGLANG_RENDER` dispatch there): its pydantic models'
+- SGLang 0.5.23: render_sglang.py (rules `SGLANG_RENDER` dispatch there): its pydantic models'
   dumps (`Tool.model_dump()` = {"type", "function": {...in the client's key order...},
   "defer_loading"}), text parts joined with " ", tools left out with `tool_choice: "none"`, a
   final assistant turn rendered as a user turn (or cut off and appended as ids with
@@ -26,14 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-
-class RequestError(ValueError):
-    """A client error: answered with HTTP 400 (or `status`) and the message, never a crash."""
-
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.status = status
-        self.err_type = err_type
+from polar_contracts.chat import RequestError, render_sglang
 
 
 def _join_parts(content: Any, sep: str, where: str) -> Any:
@@ -77,7 +70,7 @@ def _decode_arguments(tool_calls: Any, where: str) -> list:
 @dataclass(frozen=True)
 class RenderRules:
     """How one server prepares a chat request for the chat template. vLLM's rules are the functions
-    of this module; SGLang's differ in almost every step and live whole in chat_render_sglang, which
+    of this module; SGLang's differ in almost every step and live whole in render_sglang.py, which
     each entry point below hands an SGLang request to."""
     name: str
     part_separator: str                 # text content parts of one message are joined with this
@@ -85,7 +78,7 @@ class RenderRules:
 
 
 VLLM_RENDER = RenderRules("vllm", "\n", ("reasoning_content", "reasoning"))
-SGLANG_RENDER = RenderRules("sglang", " ", ("reasoning_content",))  # see chat_render_sglang
+SGLANG_RENDER = RenderRules("sglang", " ", ("reasoning_content",))  # see render_sglang.py
 RENDER_RULES = {r.name: r for r in (VLLM_RENDER, SGLANG_RENDER)}
 
 
@@ -100,8 +93,7 @@ def render_rules(dialect: str | None) -> RenderRules:
 def template_messages(messages: Any, rules: RenderRules) -> list[dict]:
     """The message dicts the server hands to the chat template."""
     if rules.name == "sglang":
-        import polar_contracts.chat.render_sglang as chat_render_sglang
-        return chat_render_sglang.template_messages(messages)[0]
+        return render_sglang.template_messages(messages)[0]
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list")
     sep = rules.part_separator
@@ -159,8 +151,7 @@ def _check_tools(tools: Any) -> list[dict]:
 def template_tools(tools: Any, tool_choice: Any, rules: RenderRules) -> list[dict] | None:
     """The tool dicts the server passes as `tools=` to the chat template (None = no tools)."""
     if rules.name == "sglang":
-        import polar_contracts.chat.render_sglang as chat_render_sglang
-        return chat_render_sglang.template_tools({"tools": tools, "tool_choice": tool_choice})
+        return render_sglang.template_tools({"tools": tools, "tool_choice": tool_choice})
     if tools is None:
         return None
     out = []
@@ -194,8 +185,7 @@ def template_kwargs(body: dict) -> dict:
 def render_text(tokenizer, body: dict, rules: RenderRules) -> str:
     """The chat request rendered by the model's own template as the server renders it."""
     if rules.name == "sglang":
-        import polar_contracts.chat.render_sglang as chat_render_sglang
-        text, prefix = chat_render_sglang.render(tokenizer, body)
+        text, prefix = render_sglang.render(tokenizer, body)
         return text + (prefix or "")
     msgs = template_messages(body.get("messages"), rules)
     tools = template_tools(body.get("tools"), body.get("tool_choice", "auto"), rules)
@@ -209,8 +199,7 @@ def render_text(tokenizer, body: dict, rules: RenderRules) -> str:
 def render_chat(tokenizer, body: dict, rules: RenderRules) -> tuple[str, list[int]]:
     """Rendered prompt text and its token ids for a chat request."""
     if rules.name == "sglang":
-        import polar_contracts.chat.render_sglang as chat_render_sglang
-        return chat_render_sglang.render_chat(tokenizer, body)
+        return render_sglang.render_chat(tokenizer, body)
     text = render_text(tokenizer, body, rules)
     return text, tokenizer.encode(text, add_special_tokens=False)
 

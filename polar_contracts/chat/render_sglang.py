@@ -1,4 +1,4 @@
-"""How SGLang 0.5.23 prepares a chat request for a Jinja chat template (the SGLang half of chat_render).
+"""How SGLang 0.5.23 prepares a chat request for a Jinja chat template (the SGLang half of render.py).
 
 Followed, line by line, from the sglang 0.5.23 wheel (tests/serve/test_sglang_render.py runs that
 wheel's own code on the same requests and compares):
@@ -31,13 +31,12 @@ import copy
 import json
 from typing import Any
 
-from polar_contracts.chat.render import RequestError
+from polar_contracts.chat import RequestError
+from polar_contracts.request_fields import FALSE_STRINGS, TRUE_STRINGS
 
 GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "root")
 _MESSAGE_FIELDS = ("tool_call_id", "name", "phase", "reasoning_content", "tool_calls", "tools", "prefix")
 _FUNCTION_FIELDS = ("description", "name", "parameters", "strict", "defer_loading")
-_TRUE = {"1", "true", "t", "yes", "y", "on"}
-_FALSE = {"0", "false", "f", "no", "n", "off"}
 
 
 def _opt_bool(v: Any, where: str) -> bool | None:
@@ -46,8 +45,8 @@ def _opt_bool(v: Any, where: str) -> bool | None:
         return v
     if isinstance(v, int) and v in (0, 1):
         return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-        return v.strip().lower() in _TRUE
+    if isinstance(v, str) and v.strip().lower() in TRUE_STRINGS | FALSE_STRINGS:
+        return v.strip().lower() in TRUE_STRINGS
     raise RequestError(f"{where} must be a boolean")
 
 
@@ -328,7 +327,7 @@ def template_kwargs(body: dict) -> dict:
             effort = e
         enabled = reasoning.get("enabled") if reasoning.get("enabled") is not None else reasoning.get("enable", False)
         if isinstance(enabled, str):
-            enabled = enabled.strip().lower() in _TRUE
+            enabled = enabled.strip().lower() in TRUE_STRINGS
         if enabled:
             thinking = True
     if effort is not None:

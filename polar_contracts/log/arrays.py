@@ -1,6 +1,6 @@
 """Loading one episode log as numpy arrays: the reconstruction hot path.
 
-`read_episode` (logreader.py) returns full prompts as Python lists inside a polars frame, which is
+`read_episode` (log/reader.py) returns full prompts as Python lists inside a polars frame, which is
 right for people and costs O(turns^2) Python objects per episode. Reconstruction only needs numpy
 views, so this module decodes the same file (same batch reader, same prefix compression) straight
 into int32 arrays. A test checks that both readers agree on every prompt.
@@ -185,7 +185,7 @@ def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
 
 def _prompt_tails(calls_t: pa.Table) -> list[np.ndarray | None]:
     """The stored prompt tails as int32 arrays, whichever layout the log schema uses: a list
-    column, or packed (length + zstd frame, decoded by logtable.unpack) little-endian int32."""
+    column, or packed (length + zstd frame, decoded by log/table.py unpack) little-endian int32."""
     names = calls_t.schema.names
     if "prompt_tail_ids" in names:
         return _list_column(calls_t.column("prompt_tail_ids"), np.int32)

@@ -1,6 +1,6 @@
 """The one reader of episode logs: `read_episode` and `read_log` (polars frames, full prompts).
 
-The pyarrow-level reading lives in logtable.py (the proxy's writer shares it and never loads polars).
+The pyarrow-level reading lives in log/table.py (the proxy's writer shares it and never loads polars).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ with a fresh context each, ~1.5 ms CPU a row, more than the whole per-call budge
 So a growing episode costs about its new tokens.
 
 Schema v3 added the sampling columns (``sampling_fields.COLUMNS``: what the server applied and what its
-logprobs are; rules in sampling.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
+logprobs are; rules in polar_contracts/sampling_fields.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
 upgrade and restart) reads with those columns null: unknown, which is what they are.
 """
 from __future__ import annotations

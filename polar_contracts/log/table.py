@@ -2,7 +2,7 @@
 
 The pyarrow-level reading of a log file (`read_batches`, `read_table`, `full_prompt_arrays`,
 `full_requests`) and the payload codec (`pack`, `unpack`: 4-byte little-endian raw length + one
-zstd frame, see logschema). A log is one or more concatenated Arrow IPC streams; a torn last batch
+zstd frame, see schema.py). A log is one or more concatenated Arrow IPC streams; a torn last batch
 (a writer killed mid-write) is cut off, never read.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ _COMPRESS = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
 
 
 def pack(data: bytes) -> bytes:
-    """4-byte little-endian raw length + one zstd frame (see logschema)."""
+    """4-byte little-endian raw length + one zstd frame (see schema.py)."""
     with _CODEC_LOCK:  # one reusable compressor (not thread-safe: hence the lock)
         return struct.pack("<I", len(data)) + _COMPRESS(data)
 

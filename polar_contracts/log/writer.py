@@ -206,7 +206,7 @@ class EpisodeWriter:
 
     def suspend(self) -> None:
         """Close the file descriptor, keep the writer's state: the next row reopens the file
-        (the proxy bounds its open descriptors, episodes.py). The IPC stream stays open in the
+        (the proxy bounds its open descriptors, addon/open_logs.py). The IPC stream stays open in the
         file; the next row continues it."""
         with self._lock:
             if self._fd is not None and not self.finished:

@@ -1,14 +1,18 @@
-"""Imports run one way, and no package code reaches outside its package.
+"""Imports run one way, every edge is seen, and no package code reaches outside its package.
 
-polar_recon is the base (log format, shard contract, chat rendering rules, bundled data); addon,
-polar_serve and trainer build on it; harness_recipes (polar-rollout, the demo, the closed loop)
-orchestrates all of them. Nothing imports tests. The imports are read from the source (every
-`import` statement, also those inside functions), so a back-edge fails here before it becomes a
-cycle at run time.
+polar_contracts is the base (log format, shard contract, control protocol, chat rendering rules,
+translators); polar_recon, addon, polar_serve and trainer build on it and never on each other;
+harness_recipes (polar-rollout, the fleet, the demo) orchestrates all of them. Nothing imports
+tests. The edges are read from the source: every `import` statement (also those inside
+functions), every `importlib.import_module("...")` with a constant name (relative ones resolved),
+and every entry point declared in setup.cfg (a group's providers are edges of the package that
+loads the group), so a back-edge fails here before it becomes a cycle at run time.
 """
 from __future__ import annotations
 
 import ast
+import configparser
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -46,6 +50,46 @@ def imported_modules(path: Path, root: Path = REPO) -> list[tuple[int, str]]:
                 out.append((node.lineno, ".".join(base + ((node.module,) if node.module else ()))))
             else:
                 out.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Call) and _called(node) == "import_module" and node.args \
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            name = node.args[0].value
+            if name.startswith("."):  # relative to the anchor, always the module's own __name__ here
+                level = len(name) - len(name.lstrip("."))
+                anchor = rel[:-1] if path.name == "__init__.py" else rel
+                name = ".".join((*anchor[: len(anchor) - (level - 1)], name.lstrip(".")))
+            out.append((node.lineno, name))
+    return out
+
+
+def _called(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def entry_point_groups(setup_cfg: Path = REPO / "setup.cfg") -> dict[str, list[str]]:
+    """group -> the modules its entry points name (setup.cfg [options.entry_points])."""
+    cfg = configparser.ConfigParser()
+    cfg.read(setup_cfg)
+    if not cfg.has_section("options.entry_points"):
+        return {}
+    groups = {}
+    for group, value in cfg.items("options.entry_points"):
+        groups[group] = [line.split("=", 1)[1].strip().split(":")[0] for line in value.splitlines() if "=" in line]
+    return groups
+
+
+def entry_point_edges(files: list[Path], groups: dict[str, list[str]], root: Path = REPO) -> list[tuple[Path, int, str]]:
+    """(file, line, module): a file that loads an entry point group (entry_points(group="G") or
+    .select(group="G")) depends on every module that group's entry points name."""
+    out = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _called(node) in ("entry_points", "select"):
+                for kw in node.keywords:
+                    if kw.arg == "group" and isinstance(kw.value, ast.Constant):
+                        out += [(path, node.lineno, mod) for mod in groups.get(kw.value.value, [])]
+                    elif kw.arg == "group":
+                        out.append((path, node.lineno, "<an entry point group this test cannot read>"))
     return out
 
 
@@ -54,20 +98,21 @@ def test_there_are_packages_to_check():
     assert {pkg for pkg, _ in files} == set(ALLOWED) and len(files) > 50
 
 
-def back_edges(pkg: str, files: list[Path], root: Path) -> list[str]:
+def back_edges(pkg: str, files: list[Path], root: Path, groups: dict[str, list[str]] | None = None) -> list[str]:
     bad = []
-    for path in files:
-        for line, mod in imported_modules(path, root):
-            top = mod.split(".")[0]
-            top = "polar_data" if top == "data" else top
-            if top in PROJECT and top != pkg and top not in ALLOWED[pkg]:
-                bad.append(f"{path.relative_to(root)}:{line} imports {mod}")
+    edges = [(path, line, mod) for path in files for line, mod in imported_modules(path, root)]
+    edges += [(p, line, mod) for p, line, mod in entry_point_edges(files, groups or {}, root)]
+    for path, line, mod in edges:
+        top = mod.split(".")[0]
+        top = "polar_data" if top == "data" else top
+        if mod.startswith("<") or (top in PROJECT and top != pkg and top not in ALLOWED[pkg]):
+            bad.append(f"{path.relative_to(root)}:{line} imports {mod}")
     return bad
 
 
 @pytest.mark.parametrize("pkg", sorted(ALLOWED))
 def test_imports_run_one_way(pkg):
-    bad = back_edges(pkg, [p for owner, p in package_files() if owner == pkg], REPO)
+    bad = back_edges(pkg, [p for owner, p in package_files() if owner == pkg], REPO, entry_point_groups())
     assert not bad, f"{pkg} may import only {sorted(ALLOWED[pkg]) or 'no project package'}:\n" + "\n".join(bad)
 
 
@@ -109,8 +154,19 @@ def test_the_checker_sees_back_edges(tmp_path):
                               "    import sys\n    sys.path.insert(0, '.')\n    import tests.support\n")
     (pkg / "sub").mkdir()
     (pkg / "sub" / "n.py").write_text("from ...trainer import grpo\n")
+    (pkg / "lazy.py").write_text("import importlib\nfrom importlib.metadata import entry_points\n\n\n"
+                                 "def f():\n    return importlib.import_module('trainer.grpo_trainer')\n\n\n"
+                                 "def g():\n    return entry_points(group='polar.plugins')\n")
     files = sorted(pkg.rglob("*.py"))
-    assert back_edges("polar_recon", files, tmp_path) == [
-        "polar_recon/m.py:6 imports addon.routing", "polar_recon/m.py:9 imports tests.support",
-        "polar_recon/sub/n.py:1 imports trainer"]
-    assert [w for _, w in _reaches_outside(ast.parse(files[0].read_text()))] == ["touches sys.path"]
+    groups = {"polar.plugins": ["addon.translate", "polar_recon.own"]}
+    assert back_edges("polar_recon", files, tmp_path, groups) == [
+        "polar_recon/lazy.py:6 imports trainer.grpo_trainer", "polar_recon/m.py:6 imports addon.routing",
+        "polar_recon/m.py:9 imports tests.support", "polar_recon/sub/n.py:1 imports trainer",
+        "polar_recon/lazy.py:10 imports addon.translate"]
+    assert [w for _, w in _reaches_outside(ast.parse((pkg / "m.py").read_text()))] == ["touches sys.path"]
+
+
+def test_every_entry_point_names_a_module_that_exists():
+    for group, mods in entry_point_groups().items():
+        for mod in mods:
+            assert importlib.util.find_spec(mod) is not None, f"setup.cfg entry point group {group}: no module {mod}"

@@ -6,7 +6,7 @@ id and logprob flags (the truth the log row must hold). Greedy decoding, or a fi
 n > 1 needs sampling, makes the three answers the same generation.
 
 `POLAR_TEST_VLLM_URL=http://127.0.0.1:PORT` points the suite at a vLLM already running (serving the
-tiny model as `polar-model`, with stack.VLLM_FLAGS) instead of starting one: for iterating on
+tiny model as `polar-model`, with local_stack.VLLM_FLAGS) instead of starting one: for iterating on
 these tests without the ~100 s start each time.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The real vLLM 0.32 in processed mode (the session's server: stack.VLLM_FLAGS) behind the addon:
+"""The real vLLM 0.32 in processed mode (the session's server: local_stack.VLLM_FLAGS) behind the addon:
 the logprobs-mode probe says ``processed``, and a request without sampling fields, proxied with
 ``polar_generation_config`` = the tiny model (Qwen3's T=0.6, top_k=20, top_p=0.95), is recorded
 with those values AND sampled with them: its row's ids and logprobs are those of the same request

@@ -15,11 +15,11 @@ resets the test files, applies test_patch, runs the tests between the official o
 ``log_parser`` (a name in swebench's PARSER_REGISTRY), ``eval_type``, optionally ``image``.
 A row without ``eval_script`` may give ``test_cmd`` instead; `eval_script_for` then builds the
 script in the official shape. Polar's own bundled instances (data/swebench/) add ``polar_source``:
-the PyPI sdist and planted-bug patch their repository is built from (swebench_sources.py).
+the PyPI sdist and planted-bug patch their repository is built from (sources.py).
 
 Where the repository comes from, per instance: a local clone ``REPOS/owner__name`` (--repos), else
 the ``polar_source`` build, else only the instance's docker image (its /testbed): such a task runs
-on the docker runtime only. Grading is swebench's own (swebench_grade.py).
+on the docker runtime only. Grading is swebench's own (grade.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ import json
 import re
 from pathlib import Path
 
-from harness_recipes.tasks.task_file import ID_RE, Task, TaskError
+from harness_recipes.tasks.swebench.grade import known_parser, parser_for_repo
+from harness_recipes.tasks.swebench.sources import SourceError, ensure_repo
+from harness_recipes.tasks.task_file import ID_RE, Task, TaskError, _jsonl
 
 PREFIX = "swebench:"
 REQUIRED_STR = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "patch",
@@ -60,7 +62,6 @@ def read_rows(path: Path) -> list[tuple[str, dict]]:
         except Exception as e:  # pyarrow raises several types for a bad file
             raise TaskError(f"{path}: not a readable Parquet file: {e}") from None
         return [(f"{path} row {i}", r) for i, r in enumerate(rows)]
-    from harness_recipes.tasks.task_file import _jsonl
     return _jsonl(path)
 
 
@@ -133,7 +134,6 @@ def validate(row: dict, where: str) -> dict:
         raise TaskError(f"{where}: no 'eval_script' (swebench>=5 datasets carry it) and no 'test_cmd' to "
                         "build one from: polar cannot know how to run this instance's tests")
     parser = row.get("log_parser") or _default_parser(row["repo"])
-    from harness_recipes.tasks.swebench.grade import known_parser
     if not known_parser(parser):
         raise TaskError(f"{where}: field 'log_parser' {parser!r} is not a parser swebench knows")
     out["log_parser"] = parser
@@ -146,7 +146,6 @@ def validate(row: dict, where: str) -> dict:
 
 def _default_parser(repo: str) -> str:
     """An older-format row names no parser: swebench's own repo -> parser map, else its pytest parser."""
-    from harness_recipes.tasks.swebench.grade import parser_for_repo
     return parser_for_repo(repo)
 
 
@@ -225,7 +224,6 @@ def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
         if (clone / ".git").exists() or (clone / "HEAD").exists():
             git_repo = clone.resolve()
     if git_repo is None and inst.get("polar_source"):
-        from harness_recipes.tasks.swebench.sources import SourceError, ensure_repo
         try:
             git_repo = ensure_repo(inst, base)
         except SourceError as e:
@@ -236,7 +234,7 @@ def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
     return Task(
         id=task_id(inst["instance_id"]),
         prompt=inst["problem_statement"],
-        eval_cmd="",  # graded by swebench (swebench_grade.py), not by an exit status
+        eval_cmd="",  # graded by swebench (grade.py), not by an exit status
         git_repo=git_repo,
         git_commit=inst["base_commit"] if git_repo is not None else None,
         timeout=float(inst.get("timeout", timeout)),

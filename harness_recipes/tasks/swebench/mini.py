@@ -6,7 +6,7 @@ For each project: its sdist (data/swebench/sources/, downloaded with
 `pip download --no-binary :all: --no-deps NAME==VERSION`, sha256 recorded in PROVENANCE.md), a
 planted bug (bugs/*.patch), the test that catches it (TEST below -> ``test_patch``), the fix
 (``patch`` = the bug reverted, as a git diff). The repository and its commits come from
-swebench_sources.py (deterministic); FAIL_TO_PASS / PASS_TO_PASS are measured, not written by
+sources.py (deterministic); FAIL_TO_PASS / PASS_TO_PASS are measured, not written by
 hand: the eval script runs on the buggy and on the fixed tree in the instance's image (the one the
 episodes run in: runtimes/images.py; needs docker), each log read by swebench's pytest parser;
 FAIL_TO_PASS = failed before, passed after; PASS_TO_PASS = passed both times.
@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness_recipes.runtimes.docker import _client
+from harness_recipes.runtimes.images import instance_image
 from harness_recipes.tasks.swebench.instances import eval_script_for
 from harness_recipes.tasks.swebench.sources import build_repo, git, sha256
 
@@ -97,7 +99,6 @@ def _status(container, inst: dict) -> dict[str, str]:
 
 def _measure(client, inst: dict, repo: Path) -> tuple[dict, dict]:
     """Statuses on the buggy tree and on the fixed tree, in the image the episodes use."""
-    from harness_recipes.runtimes.images import instance_image
     image, _ = instance_image(client, inst, repo, log=print)
     c = client.containers.run(image, ["sleep", "infinity"], detach=True, network_mode="none", init=True)
     try:
@@ -110,7 +111,6 @@ def _measure(client, inst: dict, repo: Path) -> tuple[dict, dict]:
 
 
 def make(outdir: Path) -> list[dict]:
-    from harness_recipes.runtimes.docker import _client
     client = _client()
     rows = []
     for p in PROJECTS:
