@@ -67,7 +67,10 @@ class ModelPatch:
         return hashlib.sha256(self.patch).hexdigest()
 
     def metadata(self) -> dict:
-        return {"patch_sha256": self.sha256, "patch_bytes": len(self.patch), "stripped_paths": self.stripped,
+        # Bytecode is written by any test run: counted, not listed, so the list shows what matters.
+        bytecode = [p for p in self.stripped if protected(p) == "compiled bytecode"]
+        return {"patch_sha256": self.sha256, "patch_bytes": len(self.patch),
+                "stripped_paths": [p for p in self.stripped if p not in bytecode], "stripped_bytecode": len(bytecode),
                 "dropped_paths": [f"{p}: {why}" for p, why in self.dropped]}
 
 
