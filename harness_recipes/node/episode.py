@@ -86,20 +86,6 @@ def harness_status(res: ExecResult) -> str:
     return DONE if res.rc == 0 else CRASHED
 
 
-async def evaluate(task: Task, sandbox: Sandbox, s: Settings) -> tuple[float, ExecResult | None, str]:
-    """Run the task's tests in the sandbox: reward 1.0 when they pass. Returns (reward, result, error)."""
-    env = {"PATH": s.base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
-    if task.eval_patch:
-        await sandbox.write_file(f"{sandbox.home}/eval.patch", task.eval_patch)
-        res = await sandbox.exec(["git", "apply", f"{sandbox.home}/eval.patch"], env, timeout=60, cwd=sandbox.workspace)
-        if res.rc != 0:
-            return 0.0, res, f"eval patch did not apply: {res.stderr.decode(errors='replace')[-300:]}"
-    res = await sandbox.exec(["bash", "-c", task.eval_cmd], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
-    if res.timed_out:
-        return 0.0, res, f"evaluation timed out after {task.eval_timeout:g}s"
-    return (1.0 if res.rc == 0 else 0.0), res, ""
-
-
 async def post_end(proxy: str, eid: str, reward: float, metadata: dict, timeout: float = 10.0) -> str:
     """Tell the capture proxy the episode is over; returns an error string ('' on success)."""
     url = proxy.rstrip("/") + end_path(eid)

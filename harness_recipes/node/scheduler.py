@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness_recipes.node.episode as ep
+from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.records import Records
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
-from harness_recipes.tasks.swebench.grade import grade
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.log.reader import LogError, read_episode
 
@@ -192,25 +192,22 @@ class Pipeline:
 
     async def _evaluate(self, job: Job, sandbox: Sandbox) -> None:
         rec = job.record
-        rec["changed_files"] = await sandbox.changed_files()
-        if job.task.swebench is not None:
-            reward, res, err = await self._grade_swebench(job, sandbox)
-        else:
-            reward, res, err = await ep.evaluate(job.task, sandbox, self.settings)
-        ep.save_output(self.records.episode_dir(job.eid), "eval", res)
-        rec.update(reward=reward, eval_rc=res.rc if res else None)
-        if err:
-            rec.update(status=ep.EVAL_ERROR, error=err)
-        end_err = await ep.post_end(self.settings.proxy_for(job.eid), job.eid, reward, self._metadata(job))
+        edir = self.records.episode_dir(job.eid)
+        # grading.py: the agent's tree read as files, its sandbox closed, a fresh one graded.
+        g = await grade_episode(self.runtime, job.task, job.eid, sandbox, self.exe, self.settings.base_path, edir,
+                                workdir=getattr(self.runtime, "workdir", None))
+        rec["changed_files"] = g.changed
+        rec["eval"] = g.eval
+        if g.swebench is not None:
+            rec["swebench"] = g.swebench
+        ep.save_output(edir, "eval", g.result)
+        rec.update(reward=g.reward, eval_rc=g.result.rc if g.result else None)
+        if g.error:
+            rec.update(status=ep.EVAL_ERROR, error=g.error)
+        end_err = await ep.post_end(self.settings.proxy_for(job.eid), job.eid, g.reward, self._metadata(job))
         if end_err:
             # Without the end row the episode never counts as finished for reconstruction.
             raise RuntimeError(end_err)
-
-    async def _grade_swebench(self, job: Job, sandbox: Sandbox):
-        env = {"PATH": self.settings.base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
-        g = await grade(job.task.swebench, sandbox, env, job.task.eval_timeout, self.records.episode_dir(job.eid))
-        job.record["swebench"] = g.metadata()
-        return g.reward, g.log, g.error
 
     def _metadata(self, job: Job) -> dict:
         r = job.record
@@ -222,9 +219,10 @@ class Pipeline:
                 "status": r.get("status"), "discard": discard}
         if r.get("error"):
             meta["reason"] = r["error"][:500]
-        if "swebench" in r:
-            # "eval": what the evaluation found beyond the reward; polar-recon copies it into the shards.
-            meta["eval"] = {"kind": "swebench", "instance_id": job.task.swebench["instance_id"], **r["swebench"]}
+        if "eval" in r:
+            # "eval": how it was graded and what the evaluation found beyond the reward (grading.py);
+            # polar-recon copies it into the shards.
+            meta["eval"] = r["eval"]
         return meta
 
     async def _end_quietly(self, job: Job) -> None:

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness_recipes.runtimes.file_tree import ObjectStore, Snapshot, snapshot_dir
 from harness_recipes.tasks.task_file import Task
 
 OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
@@ -34,11 +35,14 @@ class Sandbox(ABC):
     root: Path  # the episode directory on the host: config files may be written only below it
 
     async def write_file(self, path: str, content: str) -> None:
+        await self.write_bytes(path, content.encode())
+
+    async def write_bytes(self, path: str, content: bytes) -> None:
         p = Path(path)
         if not p.resolve().is_relative_to(self.root.resolve()):
             raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
+        p.write_bytes(content)
 
     @abstractmethod
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult: ...
@@ -47,20 +51,22 @@ class Sandbox(ABC):
     async def close(self) -> None:
         """Stop everything still running in the sandbox and delete it; safe to call twice."""
 
-    async def changed_files(self) -> list[str]:
-        """Files the harness changed in the workspace (git status against the prepared commit)."""
-        res = await self.exec(["git", "status", "--porcelain", "--untracked-files=all"], {"PATH": os.environ["PATH"]},
-                              timeout=30, cwd=self.workspace)
-        if res.rc != 0:
-            return []
-        return [line[3:] for line in res.stdout.decode(errors="replace").splitlines() if line.strip()]
+    async def snapshot(self, store: ObjectStore) -> Snapshot:
+        """The workspace's file tree, read by the node into ``store`` (file_tree.py): nothing runs in the
+        sandbox, nothing of its git is asked."""
+        return await asyncio.to_thread(snapshot_dir, Path(self.workspace), store)
 
 
 class Runtime(ABC):
     name: str
+    grading: str  # how prepare_grading isolates grading: "fresh-container" | "fresh-workspace"
 
     @abstractmethod
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox: ...
+
+    async def prepare_grading(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        """A fresh sandbox with the pristine workspace, for grading: nothing of the agent's is in it."""
+        return await self.prepare(task, episode_id, harness_prefix)
 
     async def shutdown(self) -> None:  # noqa: B027  (optional: most runtimes share nothing)
         """Release anything shared by the runtime's sandboxes."""

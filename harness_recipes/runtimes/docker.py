@@ -34,6 +34,7 @@ from harness_recipes.tasks.task_file import Task
 
 from ..cache import harness_cache
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
+from .file_tree import ObjectStore, Snapshot, snapshot_tar
 
 IMAGE = "polar-rollout-base:2"
 WORKDIR = "/testbed"  # where SWE-bench images hold the repository
@@ -139,6 +140,18 @@ class DockerSandbox(Sandbox):
         # The blocking exec runs in a thread; on cancel, close() removes the container, which ends it.
         return await asyncio.to_thread(self._exec, argv, env, timeout, cwd or self.workspace)
 
+    async def snapshot(self, store: ObjectStore) -> Snapshot:
+        """The workspace's file tree through docker's archive API (`docker cp`): read by the node, with
+        nothing run in the container."""
+        def read() -> Snapshot:
+            import docker
+            try:
+                chunks, _ = self.container.get_archive(self.workspace)
+            except docker.errors.APIError as e:
+                raise ContainerGone(self._why_gone(e)) from None
+            return snapshot_tar(chunks, store)
+        return await asyncio.to_thread(read)
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -200,6 +213,9 @@ def _remove(container) -> None:
 
 class DockerRuntime(Runtime):
     name = "docker"
+    # Grading starts a new container (the instance's image, or a fresh workspace copy): network none,
+    # only its own episode directory mounted (no harness cache, no node), the agent's container removed.
+    grading = "fresh-container"
 
     def __init__(self, network: str = "host", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
                  workdir: str | None = None, log=None):
@@ -214,39 +230,42 @@ class DockerRuntime(Runtime):
         self._node: dict | None = None  # the host's node, as mounts into instance images
         self.log = log or (lambda m: None)
 
-    def _volumes(self, root: Path) -> dict:
+    def _volumes(self, root: Path, grading: bool = False) -> dict:
         cache = harness_cache().resolve()
         return {
             "/usr": {"bind": "/usr", "mode": "ro"},
             "/etc": {"bind": "/etc", "mode": "ro"},
-            str(cache): {"bind": str(cache), "mode": "ro"},
+            **({} if grading else {str(cache): {"bind": str(cache), "mode": "ro"}}),
             str(root): {"bind": str(root), "mode": "rw"},
         }
 
-    def _start(self, root: Path, eid: str):
+    def _start(self, root: Path, eid: str, grading: bool = False):
         return self.client.containers.run(
-            self.image, ["sleep", "infinity"], detach=True, network_mode=self.network,
+            self.image, ["sleep", "infinity"], detach=True, network_mode="none" if grading else self.network,
             mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
-            volumes=self._volumes(root), working_dir=str(root / "workspace"), init=True,
+            volumes=self._volumes(root, grading), working_dir=str(root / "workspace"), init=True,
             labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
             environment={"HOME": str(root / "home")},
         )
 
-    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, grading: bool = False) -> Sandbox:
         if task.swebench is not None:
-            return await self._prepare_instance(task, episode_id)
+            return await self._prepare_instance(task, episode_id, grading)
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         container = None
         try:
             (root / "home").mkdir()
             await asyncio.to_thread(populate_workspace, task, root / "workspace")
-            container = await asyncio.to_thread(self._start, root, episode_id)
+            container = await asyncio.to_thread(self._start, root, episode_id, grading)
         except BaseException:
             # containers.run leaves a created-but-failed container behind: find it by its labels.
             await asyncio.to_thread(self._remove_episode, episode_id)
             shutil.rmtree(root, ignore_errors=True)
             raise
         return DockerSandbox(self.client, container, root)
+
+    async def prepare_grading(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
+        return await self.prepare(task, episode_id, harness_prefix, grading=True)
 
     # ---- SWE-bench instances: the instance's own image, the repository at /testbed in it ----------
 
@@ -257,16 +276,17 @@ class DockerRuntime(Runtime):
             self._node = node_mounts(self.workdir)
         return {**vols, **self._node}
 
-    def _start_instance(self, image: str, root: Path, eid: str):
+    def _start_instance(self, image: str, root: Path, eid: str, grading: bool = False):
+        vols = {str(root): {"bind": str(root), "mode": "rw"}} if grading else self._instance_volumes(root)
         return self.client.containers.run(
-            image, ["sleep", "infinity"], detach=True, network_mode=self.network,
+            image, ["sleep", "infinity"], detach=True, network_mode="none" if grading else self.network,
             mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
-            volumes=self._instance_volumes(root), working_dir=WORKDIR, init=True,
+            volumes=vols, working_dir=WORKDIR, init=True,
             labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
             environment={"HOME": str(root / "home")},
         )
 
-    async def _prepare_instance(self, task: Task, episode_id: str) -> Sandbox:
+    async def _prepare_instance(self, task: Task, episode_id: str, grading: bool = False) -> Sandbox:
         inst = task.swebench
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         try:
@@ -278,7 +298,7 @@ class DockerRuntime(Runtime):
             except Exception as e:  # docker API errors while building or importing
                 raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
             self.images[inst["instance_id"]] = (image, how)
-            container = await asyncio.to_thread(self._start_instance, image, root, episode_id)
+            container = await asyncio.to_thread(self._start_instance, image, root, episode_id, grading)
         except BaseException:
             await asyncio.to_thread(self._remove_episode, episode_id)
             shutil.rmtree(root, ignore_errors=True)

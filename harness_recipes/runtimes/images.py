@@ -11,7 +11,9 @@ Order, per instance:
      ``polar-swebench-base:<key>``. Its tarball is kept in $POLAR_CACHE/swebench/ so a machine
      (CI) runs debootstrap once; the image is re-imported from it when docker lacks it;
    - per instance, a `docker build` with ``--network none`` (nothing is fetched: the context holds
-     the repository at base_commit, with its .git, copied to /testbed).
+     the repository at base_commit, with its .git, copied to /testbed). That .git holds base_commit
+     and its ancestors only (base_only_repo): a fresh repository that fetched base_commit alone, so
+     no later commit (the gold fix) is in the image on any ref, reflog or as a stray object.
    So the tests' dependencies come from the Debian base (pytest): enough for the bundled
    instances (pure-Python projects); an instance that needs more runs on its official image.
 
@@ -36,6 +38,8 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", "git", "ca-certificates", "patch")
 BASE_VERSION = 1  # bump when the base's recipe changes in a way its key does not show
 WORKDIR = "/testbed"
+# 2: /testbed holds base_commit and its ancestors only (base_only_repo); 1 held every ref of the clone.
+TESTBED_VERSION = 2
 
 
 class ImageError(RuntimeError):
@@ -60,7 +64,8 @@ def official_name(inst: dict) -> str:
 def polar_name(inst: dict) -> str:
     iid = inst["instance_id"].lower().replace("__", "_1776_")
     # The tag changes with anything the image is made of: the base, the commit, the Dockerfile.
-    key = hashlib.sha256(f"{base_tag()}|{inst['base_commit']}|{dockerfile(base_tag())}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{base_tag()}|{inst['base_commit']}|{dockerfile(base_tag())}|{TESTBED_VERSION}".encode()
+                         ).hexdigest()[:12]
     return f"polar-sweb.eval.{iid}:{key}"
 
 
@@ -111,18 +116,53 @@ def dockerfile(base: str) -> str:
         f"WORKDIR {WORKDIR}", ""])
 
 
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0", "LANG": "C"}
+    return subprocess.run(["git", "-c", "advice.detachedHead=false", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+
+
+def base_only_repo(repo: Path, base_commit: str, dest: Path) -> None:
+    """dest: a new repository holding base_commit and its ancestors only, checked out on branch
+    `main`. Later commits (the gold fix, the test patch) are never fetched: no ref, reflog, tag,
+    remote, FETCH_HEAD or loose object can lead the agent to them."""
+    dest.mkdir(parents=True)
+    steps = [["init", "-q", "-b", "main"],
+             # only what base_commit reaches travels (a pack of exactly those objects)
+             ["-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--upload-pack",
+              "git -c uploadpack.allowAnySHA1InWant=true upload-pack", str(Path(repo).resolve()), base_commit],
+             ["update-ref", "refs/heads/main", base_commit],
+             ["checkout", "-q", "-f", "main"],
+             ["reflog", "expire", "--expire=now", "--all"],
+             ["gc", "-q", "--prune=now"]]
+    for args in steps:
+        proc = _git(args, dest)
+        if proc.returncode != 0:
+            raise ImageError(f"cannot check out base_commit {base_commit} of {repo}: git {args[0]}: "
+                             f"{proc.stderr.strip()[-300:]}")
+    (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
+    later = history_after(dest, base_commit)
+    if later:
+        raise ImageError(f"the repository for the image still reaches commits after {base_commit}: {later[:3]}")
+
+
+def history_after(repo: Path, base_commit: str) -> list[str]:
+    """Commits in repo that are not base_commit or its ancestors: on any ref, or unreachable but stored."""
+    every = set(_git(["rev-list", "--all", "--reflog"], repo).stdout.split())
+    ancestry = set(_git(["rev-list", base_commit], repo).stdout.split())
+    dangling = _git(["fsck", "--unreachable", "--no-reflogs", "--no-progress"], repo).stdout.split("\n")
+    loose = {line.split()[-1] for line in dangling if line.startswith("unreachable commit")}
+    return sorted((every - ancestry) | loose)
+
+
 def build_instance(client, inst: dict, repo: Path, base: str, tag: str) -> None:
     import docker
     with tempfile.TemporaryDirectory(prefix="polar-image-") as ctx:
-        testbed = Path(ctx) / "testbed"
-        proc = subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(testbed)], capture_output=True,
-                              text=True)
-        if proc.returncode == 0:
-            proc = subprocess.run(["git", "-c", "advice.detachedHead=false", "checkout", "-q", inst["base_commit"]],
-                                  cwd=testbed, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ImageError(f"{inst['instance_id']}: image build failed: cannot check out base_commit "
-                             f"{inst['base_commit']} of {repo}: {proc.stderr.strip()[-300:]}")
+        try:
+            base_only_repo(repo, inst["base_commit"], Path(ctx) / "testbed")
+        except ImageError as e:
+            raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
         (Path(ctx) / "Dockerfile").write_text(dockerfile(base))
         try:
             client.images.build(path=ctx, tag=tag, network_mode="none", rm=True, forcerm=True,

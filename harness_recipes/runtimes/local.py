@@ -71,6 +71,10 @@ class LocalSandbox(Sandbox):
 
 class LocalRuntime(Runtime):
     name = "local"
+    # A fresh temporary directory with the task's workspace populated again by the node. Under
+    # bubblewrap the agent's processes died with its sandbox; without it (isolation none) a process
+    # that left its process group may still run: only bubblewrap makes local grading tamper-proof.
+    grading = "fresh-workspace"
 
     def __init__(self, isolation: str = "auto", workdir: str | None = None, keep: bool = False):
         if isolation not in ("auto", "bwrap", "none"):

@@ -1,14 +1,13 @@
 """Official SWE-bench grading of one episode: swebench's own log parser and report, not ours.
 
-In the episode's sandbox (the instance's container, /testbed), after the harness:
+In a fresh container of the instance's image (/testbed at base_commit) with only the model patch
+applied (node/grading.py: the patch is computed by the node from the agent's file tree, never
+through the agent's git, test infrastructure stripped):
 
-1. the model patch: ``git diff base_commit`` of the working tree, new files included (what swebench
-   calls the prediction);
-2. does test_patch apply to base_commit? checked in a throwaway git worktree, so a broken instance
-   is told apart from a model that broke the test files (the eval script resets those anyway);
-3. the instance's eval_script runs (reset test files, apply test_patch, tests between the official
+1. does test_patch apply to base_commit? (a broken instance is told apart from a model failure);
+2. the instance's eval_script runs (reset test files, apply test_patch, tests between the official
    markers), stdout+stderr merged, under the instance's eval timeout; the log is saved;
-4. `swebench.harness.grading.get_eval_report` reads that log with the parser the instance names
+3. `swebench.harness.grading.get_eval_report` reads that log with the parser the instance names
    (PARSER_REGISTRY) and says FAIL_TO_PASS / PASS_TO_PASS -> resolved; reward 1.0 iff resolved.
 
 Any step that fails for a reason other than the model (test_patch does not apply, the tests hang,
@@ -86,23 +85,16 @@ def _text(res: ExecResult) -> str:
     return (res.stdout + res.stderr).decode(errors="replace")
 
 
-async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: float, outdir: Path) -> Grade:
+async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: float, outdir: Path,
+                model_patch: str) -> Grade:
+    """Grade a fresh sandbox (the instance's image, the model patch already applied: node/grading.py)."""
     outdir.mkdir(parents=True, exist_ok=True)
     wd = sandbox.workspace
     base = inst["base_commit"]
-    # new files the model wrote are part of its patch (as `git add -A; git diff --cached` in SWE-agent):
-    # intent-to-add puts them in the diff without staging their content
-    await sandbox.exec(["git", "add", "--intent-to-add", "--all"], env, timeout=60, cwd=wd)
-    diff = await sandbox.exec(["git", "-c", "core.fileMode=false", "diff", base], env, timeout=60, cwd=wd)
-    if diff.rc != 0:
-        return Grade(0.0, f"git diff {base} failed in {wd}: {_text(diff)[-300:]}", log=diff)
-    model_patch = diff.stdout.decode(errors="replace")
-    (outdir / "model.patch").write_text(model_patch)
-
     home = sandbox.home
+    # The test files are at base_commit here: the model patch never carries them (model_patch.py).
     await sandbox.write_file(f"{home}/test.patch", inst["test_patch"])
-    check = await sandbox.exec(["bash", "-c", _APPLY_CHECK, "check", base, f"{home}/test.patch"], env,
-                               timeout=120, cwd=wd)
+    check = await sandbox.exec(["git", "apply", "--check", f"{home}/test.patch"], env, timeout=120, cwd=wd)
     if check.rc != 0:
         return Grade(0.0, f"test_patch does not apply to base_commit {base}: {_text(check)[-400:]}", log=check)
 
@@ -119,14 +111,3 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
         return Grade(0.0, f"swebench found no gradable test output ({why}); log: {log_path}", report=report, log=res)
     resolved = bool(report.get("resolved"))
     return Grade(1.0 if resolved else 0.0, resolved=resolved, report=report, log=res)
-
-
-# A throwaway worktree at base_commit: "does test_patch apply?" answered without touching /testbed.
-_APPLY_CHECK = r"""
-set -u
-base="$1"; patch="$2"; wt="$(mktemp -d)/check"
-git worktree add -q --detach "$wt" "$base" || exit 2
-git -C "$wt" apply --check "$patch"; rc=$?
-git worktree remove --force "$wt"
-exit $rc
-"""

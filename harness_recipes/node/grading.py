@@ -1,0 +1,111 @@
+"""Grading the agent cannot touch: its file tree out, its sandbox gone, a fresh sandbox graded.
+
+After the harness:
+1. the node reads the agent's workspace as files (sandbox.snapshot: docker's archive API, or the
+   directory on the host), never through the agent's git, and removes the agent's sandbox: its
+   container and every process in it are gone before grading starts;
+2. a fresh sandbox (runtime.prepare_grading: a new container of the instance's image, or a fresh
+   copy of the task's workspace) gives the pristine tree; the model patch is the difference
+   (model_patch.py: computed by a git the agent never configured, test infrastructure stripped);
+3. only that patch is applied there (`git apply`; one that does not apply is a graded 0 with that
+   reason, the model's doing), then the task's tests run: swebench's eval script and report, or the
+   task's eval command.
+
+What the record gets: `model.patch` in the episode directory, and `eval` metadata with `grading`
+(the runtime's: "fresh-container" | "fresh-workspace"), the patch's sha256 and size,
+`stripped_paths`, `dropped_paths`.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness_recipes.node.model_patch import model_patch, patch_paths
+from harness_recipes.runtimes.base import ExecResult, Runtime, Sandbox
+from harness_recipes.runtimes.file_tree import ObjectStore
+from harness_recipes.tasks.swebench.grade import grade
+from harness_recipes.tasks.task_file import Task
+
+
+@dataclass
+class Graded:
+    reward: float
+    result: ExecResult | None
+    error: str  # non-empty: not the model's doing (eval_error, discarded)
+    changed: list[str] = field(default_factory=list)
+    eval: dict = field(default_factory=dict)  # the end metadata's "eval"
+    swebench: dict | None = None  # the record's "swebench" (swebench tasks)
+
+
+def grading_env(sandbox: Sandbox, base_path: str) -> dict[str, str]:
+    return {"PATH": base_path, "LANG": "C.UTF-8", "HOME": sandbox.home, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_paths(task: Task) -> set[str]:
+    return patch_paths(task.swebench["test_patch"] if task.swebench else task.eval_patch)
+
+
+async def grade_episode(runtime: Runtime, task: Task, eid: str, agent: Sandbox, exe: Path, base_path: str,
+                        outdir: Path, workdir: str | None = None) -> Graded:
+    """Grade the episode whose harness ran in ``agent``; closes ``agent`` first."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{eid}-", dir=workdir))
+    try:
+        store = await asyncio.to_thread(ObjectStore, tmp / "objects.git")
+        theirs = await agent.snapshot(store)
+        await agent.close()
+        fresh = await runtime.prepare_grading(task, f"{eid}.grade", exe)
+        try:
+            return await _grade_fresh(runtime, task, fresh, store, theirs, base_path, outdir)
+        finally:
+            await fresh.close()
+    finally:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+
+async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: ObjectStore, theirs, base_path: str,
+                       outdir: Path) -> Graded:
+    pristine = await fresh.snapshot(store)
+    mp = await asyncio.to_thread(model_patch, store, pristine, theirs, test_paths(task))
+    (outdir / "model.patch").write_bytes(mp.patch)
+    meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, **mp.metadata()}
+    if task.swebench:
+        meta["instance_id"] = task.swebench["instance_id"]
+    env = grading_env(fresh, base_path)
+    if mp.patch:
+        await fresh.write_bytes(f"{fresh.home}/model.patch", mp.patch)
+        applied = await fresh.exec(["git", "apply", "--binary", "--whitespace=nowarn", f"{fresh.home}/model.patch"],
+                                   env, timeout=120, cwd=fresh.workspace)
+        if applied.rc != 0:
+            # The node computed the patch against this very tree; should it still not apply, that is
+            # the model's tree (e.g. a path beyond a symlink), graded 0 and kept.
+            why = (applied.stdout + applied.stderr).decode(errors="replace")[-400:]
+            meta.update(patch_applied=False, patch_error=why)
+            sw = {"resolved": False, "patch_successfully_applied": False, "tests": {}} if task.swebench else None
+            if sw is not None:
+                meta.update(sw)
+            return Graded(0.0, applied, "", mp.changed, meta, sw)
+    meta["patch_applied"] = True
+    if task.swebench:
+        g = await grade(task.swebench, fresh, env, task.eval_timeout, outdir, mp.patch.decode(errors="replace"))
+        sw = g.metadata()
+        meta.update(sw)
+        return Graded(g.reward, g.log, g.error, mp.changed, meta, sw)
+    reward, res, err = await evaluate_command(task, fresh, env)
+    return Graded(reward, res, err, mp.changed, meta)
+
+
+async def evaluate_command(task: Task, sandbox: Sandbox, env: dict[str, str]) -> tuple[float, ExecResult | None, str]:
+    """A task-file task: its eval patch (tests the agent never saw), then its eval command; exit 0 -> 1.0."""
+    if task.eval_patch:
+        await sandbox.write_file(f"{sandbox.home}/eval.patch", task.eval_patch)
+        res = await sandbox.exec(["git", "apply", f"{sandbox.home}/eval.patch"], env, timeout=60, cwd=sandbox.workspace)
+        if res.rc != 0:
+            return 0.0, res, f"eval patch did not apply: {res.stderr.decode(errors='replace')[-300:]}"
+    res = await sandbox.exec(["bash", "-c", task.eval_cmd], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
+    if res.timed_out:
+        return 0.0, res, f"evaluation timed out after {task.eval_timeout:g}s"
+    return (1.0 if res.rc == 0 else 0.0), res, ""
