@@ -13,6 +13,8 @@ from pathlib import Path
 
 from harness_recipes.tasks.task_file import Task
 
+from .api_socket import ApiSocket, inner_base_url, wrap_argv
+
 OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 
@@ -32,6 +34,23 @@ class Sandbox(ABC):
     workspace: str  # path as the commands inside see it
     home: str
     root: Path  # the episode directory on the host: config files may be written only below it
+    isolation: str = "none"  # none | bubblewrap | docker: recorded with every episode
+    # The model API's way in (api_socket.py) and the sandbox's python3 that runs the inner forwarder;
+    # None: the harness shares the host's network (isolation none) or has no way out at all.
+    api: ApiSocket | None = None
+    python: str = "python3"
+
+    def api_base(self, proxy: str) -> str:
+        """The proxy's base URL as the harness inside sees it."""
+        return inner_base_url(proxy) if self.api is not None else proxy
+
+    def harness_argv(self, argv: list[str]) -> list[str]:
+        """The harness command, behind the inner forwarder when the API comes through a socket."""
+        return wrap_argv(self.python, argv) if self.api is not None else argv
+
+    async def close_api(self) -> None:
+        if self.api is not None:
+            await self.api.close()
 
     async def write_file(self, path: str, content: str) -> None:
         p = Path(path)
@@ -59,8 +78,12 @@ class Sandbox(ABC):
 class Runtime(ABC):
     name: str
 
+    isolation: str = "none"
+
     @abstractmethod
-    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox: ...
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, upstream: str | None = None) -> Sandbox:
+        """A sandbox for one episode; ``upstream``: the episode's proxy (its base URL), the one thing
+        the sandbox may reach. None: no way out at all."""
 
     async def shutdown(self) -> None:  # noqa: B027  (optional: most runtimes share nothing)
         """Release anything shared by the runtime's sandboxes."""

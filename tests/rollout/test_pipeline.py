@@ -15,7 +15,7 @@ from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.tasks.task_file import load_tasks
 
-from .conftest import fake_recipe, write_tasks
+from .conftest import FAKE, fake_recipe, write_tasks
 
 FIX = ["fix", "calc.py", "return a - b", "return a + b"]
 
@@ -25,7 +25,9 @@ def run_pipeline(tmp_path, end_server, argv, *, n=1, samples=1, timeout=30, limi
     tasks = load_tasks(write_tasks(tmp_path, timeout=timeout, n=n))
     out = tmp_path / "out"
     records = Records(out)
-    runtime = make_runtime("local", isolation=isolation, workdir=str(tmp_path))
+    # the fake harness lives in the checkout, which a sandbox does not see: bind it alone
+    opts = {"extra_ro": (str(FAKE),)} if isolation != "none" else {}
+    runtime = make_runtime("local", isolation=isolation, workdir=str(tmp_path), **opts)
     p = Pipeline(recipe, Path(recipe.install.bin), runtime, ep.Settings(proxy=end_server.url), records,
                  logdir=None, limits=limits or Limits())
     p.plan(tasks, samples)
