@@ -50,6 +50,8 @@ def test_fixing_harness_gets_reward_one_and_end_is_posted(tmp_path, end_server, 
     assert rec["changed_files"] == [".fake-seen.json", "calc.py"] or set(rec["changed_files"]) == {".fake-seen.json", "calc.py"}
     end = end_server.ends[rec["episode_id"]]
     assert end["reward"] == 1.0 and end["metadata"]["group_id"] == "add0" and end["metadata"]["discard"] is False
+    # every episode says how it was confined: an unsandboxed one is marked so
+    assert end["metadata"]["isolation"] == {"none": "none", "bwrap": "bubblewrap"}[isolation]
     assert list(rec["phases"]) == ["prewarm", "run", "eval", "recon"]
     assert not leftover_dirs(tmp_path), "episode directory not removed"
     line = json.loads((out / "rollout" / "episodes.jsonl").read_text().splitlines()[-1])
@@ -168,3 +170,15 @@ def test_an_eval_that_cannot_run_is_discarded_not_a_zero(tmp_path, end_server):
     assert rec["status"] == "eval_error" and "eval patch did not apply" in rec["error"], rec
     end = end_server.ends[rec["episode_id"]]
     assert end["metadata"]["discard"] is True and "eval patch did not apply" in end["metadata"]["reason"]
+
+
+@pytest.mark.parametrize("isolation", ["auto", "bwrap"])
+def test_no_silent_fallback_without_bubblewrap(tmp_path, monkeypatch, isolation, capsys):
+    """Without bubblewrap on PATH, auto (the default) and bwrap refuse to start, naming what is missing
+    and how to get it; only an explicit none runs, with a warning."""
+    from harness_recipes.runtimes.local import LocalRuntime
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH where no bwrap is found
+    with pytest.raises(RuntimeError, match=r"bubblewrap \(bwrap\) is not installed.*apt-get install -y bubblewrap"):
+        LocalRuntime(isolation=isolation, workdir=str(tmp_path))
+    rt = LocalRuntime(isolation="none", workdir=str(tmp_path))
+    assert rt.isolation == "none" and "UNSANDBOXED" in capsys.readouterr().err
