@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import socket
 import tempfile
 from importlib.resources import files
 from pathlib import Path
@@ -85,6 +86,9 @@ class ApiSocket:
         up_writer = None
         try:
             up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            sock = up_writer.get_extra_info("socket")
+            if sock is not None:  # a relay must not add Nagle's delay to the harness's small writes
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         except OSError:
             pass

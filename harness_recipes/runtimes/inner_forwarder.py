@@ -62,6 +62,7 @@ def accept_loop(server, path, slots):
         if not slots.acquire(blocking=False):
             conn.close()  # over the bound: refuse rather than queue without limit
             continue
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a relay must not add Nagle's delay
         threading.Thread(target=serve, args=(conn, path, slots), daemon=True).start()
 
 
