@@ -68,8 +68,8 @@ def main() -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
 @click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
-              help="local runtime: bubblewrap sandbox")
-@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+              help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
+                   "every episode marked so. The docker runtime is always isolated (--network none)")
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
 @click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
@@ -81,7 +81,7 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, logdir, out, runtime, isolation, docker_network,
+def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, logdir, out, runtime, isolation,
         concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
         no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
@@ -100,7 +100,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
     work = Path(out) / "rollout" / "work"
     work.mkdir(parents=True, exist_ok=True)
-    opts = {"isolation": isolation, "keep": keep_workspaces} if runtime == "local" else {"network": docker_network}
+    opts = _runtime_opts(runtime, isolation, keep=keep_workspaces)
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
     try:
         rt = make_runtime(runtime, workdir=str(work), **opts)
@@ -137,8 +137,8 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
 @click.option("--resume", is_flag=True, help="continue the run the store holds: skip finished episodes, retry the rest")
 @click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
-              help="local runtime: bubblewrap sandbox")
-@click.option("--docker-network", type=click.Choice(["host", "none"]), default="host", show_default=True)
+              help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
+                   "every episode marked so. The docker runtime is always isolated (--network none)")
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once per node")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
 @click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
@@ -147,7 +147,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
               help="environment variable holding the API key the harness sends (never given on the command line)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
 def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit, samples, server, store, ray_address,
-          local_nodes, proxies_per_node, max_attempts, node_dir, runtime, isolation, docker_network, concurrency, prewarm,
+          local_nodes, proxies_per_node, max_attempts, node_dir, runtime, isolation, concurrency, prewarm,
           eval_concurrency, model, api_key_env, no_progress, resume) -> None:
     """Run SAMPLES episodes per task on every node of a Ray cluster, each node with its own proxies
     and pipeline, all feeding one store."""
@@ -178,7 +178,7 @@ def fleet(config, dry_run, recipe, tasks_path, swebench, repos, instances, limit
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
-    opts = {"isolation": isolation} if runtime == "local" else {"network": docker_network}
+    opts = _runtime_opts(runtime, isolation)
     cfg = NodeConfig(recipe=recipe, server=server, store=store, model=model, api_key=api_key,
                      proxies=proxies_per_node, runtime=runtime, runtime_opts=opts, node_dir=node_dir, samples=samples,
                      limits={"prewarm": prewarm, "run": concurrency, "eval": eval_concurrency})
@@ -258,6 +258,15 @@ def _experiment(config, dry_run) -> None:
         raise click.UsageError(str(e)) from None
     for line in plan(exp):
         click.echo(line)
+
+
+def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
+    if runtime == "local":
+        return {"isolation": isolation, "keep": keep} if keep else {"isolation": isolation}
+    if isolation == "none":
+        raise click.UsageError("--runtime docker is always isolated (--network none); to run unsandboxed, "
+                               "use --runtime local --isolation none")
+    return {}
 
 
 def _check_runtime(tasks, runtime: str) -> None:

@@ -79,10 +79,13 @@ SHARD_SCHEMA = pa.schema([
     # e.g. a SWE-bench instance's resolved flag and per-test results (FAIL_TO_PASS / PASS_TO_PASS
     # success and failure lists, swebench's report). null = the rollout recorded none.
     pa.field("eval", pa.string()),
+    # How the rollout confined the harness (the end metadata's "isolation"): bubblewrap | docker |
+    # none (an explicit --isolation none: the agent ran unsandboxed). null = unknown (an older rollout).
+    pa.field("isolation", pa.string()),
 ])
 
 # Columns a shard of an older build may lack (readers treat them as null): the sampling columns and these.
-FIDELITY_COLUMNS = ("realign_tokens", "realign_classes", "termination")
+FIDELITY_COLUMNS = ("realign_tokens", "realign_classes", "termination", "isolation")
 # The `termination` values; TRUNCATED are those whose last completion was cut short.
 TERMINATIONS = ("stop", "length", "timeout", "error")
 TRUNCATED = ("length", "timeout")

@@ -11,6 +11,7 @@ Used by ``polar-rollout fleet --ray-address`` (harness_recipes/fleet/driver.py) 
 """
 from __future__ import annotations
 
+import os
 import socket
 
 PROBE_S = 5.0
@@ -56,5 +57,25 @@ def join(address: str, *, probe_timeout: float = PROBE_S) -> str:
         return address
     hostport = resolve(address)
     probe(hostport, probe_timeout)
-    ray.init(address=hostport, log_to_driver=False)
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ.setdefault(AUTH_MODE, "token")  # the token is read from RAY_AUTH_TOKEN(_PATH)
+    try:
+        ray.init(address=hostport, log_to_driver=False)
+    except ConnectionError as exc:
+        raise RayJoinError(f"Ray refused to let this process join {hostport} ({exc}). A cluster polar-rollout "
+                           f"starts uses token authentication: {TOKEN_HINT}" + ("" if has_token() else
+                           " (no token is set here)")) from None
     return hostport
+
+
+AUTH_MODE = "RAY_AUTH_MODE"
+TOKEN_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH to the cluster's token file (or RAY_AUTH_TOKEN "
+              "to the token), the one its head was started with")
+
+
+def has_token() -> bool:
+    """A Ray token is configured for this process: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    from pathlib import Path
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or bool(path and Path(path).is_file()) or \
+        (Path.home() / ".ray" / "auth_token").is_file()

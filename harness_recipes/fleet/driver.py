@@ -32,6 +32,7 @@ from pathlib import Path
 import harness_recipes.node.episode as ep
 from addon.weight_hold import urllib_http
 from harness_recipes.fleet.queue import Group, WorkQueue
+from harness_recipes.fleet.ray_auth import token_auth
 from harness_recipes.fleet.recon import make_recon
 from harness_recipes.fleet.store import LOGS, RECORDS, STAGING, Store
 from harness_recipes.node.proxies import (
@@ -318,28 +319,42 @@ class Cluster:
             raise ValueError(f"--local needs at least one node, not {local}")
         self.address, self.local, self.cpus = address, local, cpus_per_node
         self.cluster = None
+        self._auth = contextlib.ExitStack()
+        self.token_path: Path | None = None
 
     def __enter__(self):
         import ray
         if self.local is not None:
-            from ray.cluster_utils import Cluster as RayCluster
-            # a try-out's nodes: small object stores (the fleet passes only small records) and no
-            # dashboard, so N nodes fit on a laptop
-            node = {"num_cpus": self.cpus, "object_store_memory": 128 * 2**20}
-            self.cluster = RayCluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-            for _ in range(self.local - 1):
-                self.cluster.add_node(**node)
-            self.cluster.wait_for_nodes()
+            # token authentication (ray_auth.py): a new token per run, never in a sandbox
+            self.token_path = self._auth.enter_context(token_auth())
+            try:
+                self._start_local()
+            except BaseException:
+                self._auth.close()
+                raise
             ray.init(address=self.cluster.address, log_to_driver=False)
         else:
             join(self.address)  # RayJoinError in seconds when nothing answers there
         return self
 
+    def _start_local(self) -> None:
+        from ray.cluster_utils import Cluster as RayCluster
+        # a try-out's nodes: small object stores (the fleet passes only small records) and no
+        # dashboard, so N nodes fit on a laptop
+        node = {"num_cpus": self.cpus, "object_store_memory": 128 * 2**20}
+        self.cluster = RayCluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        for _ in range(self.local - 1):
+            self.cluster.add_node(**node)
+        self.cluster.wait_for_nodes()
+
     def __exit__(self, *exc):
         import ray
         ray.shutdown()
-        if self.cluster is not None:
-            self.cluster.shutdown()
+        try:
+            if self.cluster is not None:
+                self.cluster.shutdown()
+        finally:
+            self._auth.close()
 
 
 def alive_nodes() -> list[dict]:

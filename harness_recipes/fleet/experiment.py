@@ -241,7 +241,7 @@ def fleet_runs(exp: Experiment, node_dir: str = "") -> list[dict]:
     except (TaskError, FileNotFoundError, OSError) as exc:
         raise ExperimentError(f"{exp.path} [rollout]: the tasks cannot be loaded on this machine: {exc}") from None
     runtime = r.get("runtime", "local")
-    opts = {"isolation": r.get("isolation", "auto")} if runtime == "local" else {"network": "host"}
+    opts = {"isolation": r.get("isolation", "auto")} if runtime == "local" else {}
     out = []
     for h in r["harnesses"]:
         node = {"recipe": h, "server": exp.server["url"], "store": harness_store(exp, h),

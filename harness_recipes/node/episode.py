@@ -53,7 +53,8 @@ class Settings:
 
 def episode_vars(recipe: Recipe, exe: Path, sandbox: Sandbox, task: Task, eid: str, s: Settings,
                  exe_view: str | None = None) -> dict[str, str]:
-    proxy = s.proxy_for(eid).rstrip("/")
+    # The host:port the harness sees: inside a sandbox, its own loopback forwarder (api_socket.py).
+    proxy = sandbox.api_base(s.proxy_for(eid)).rstrip("/")
     base_url = proxy + episode_prefix(eid) if recipe.episode_via == "path" else proxy
     return {
         "bin": exe_view or str(exe), "prefix": str(exe.parent), "home": sandbox.home, "workspace": sandbox.workspace,
@@ -77,7 +78,9 @@ async def write_config(recipe: Recipe, sandbox: Sandbox, values: dict[str, str])
 
 async def run_harness(recipe: Recipe, sandbox: Sandbox, values: dict[str, str], env: dict[str, str],
                       timeout: float) -> ExecResult:
-    return await sandbox.exec(recipe.render_argv(values), env, timeout=timeout, cwd=sandbox.workspace)
+    # Behind the inner forwarder when the model API comes in through the sandbox's socket.
+    argv = sandbox.harness_argv(recipe.render_argv(values))
+    return await sandbox.exec(argv, env, timeout=timeout, cwd=sandbox.workspace)
 
 
 def harness_status(res: ExecResult) -> str:

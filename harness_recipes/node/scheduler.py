@@ -151,7 +151,8 @@ class Pipeline:
         try:
             async with self._gate:
                 async with self._phase(job, "prewarm"):
-                    sandbox = await self.runtime.prepare(job.task, job.eid, self.exe)
+                    sandbox = await self.runtime.prepare(job.task, job.eid, self.exe,
+                                                         upstream=self.settings.proxy_for(job.eid))
                     values = self._values(job, sandbox)
                     await ep.write_config(self.recipe, sandbox, values)
                 async with self._phase(job, "run"):
@@ -216,7 +217,9 @@ class Pipeline:
         # not one either: its reward 0 would read as the model's failure.
         discard = r.get("status") in (ep.ERROR, ep.INTERRUPTED, ep.EVAL_ERROR)
         meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
-                "status": r.get("status"), "discard": discard}
+                "status": r.get("status"), "discard": discard,
+                # how the harness was confined: none marks an unsandboxed episode on every row
+                "isolation": self.runtime.isolation}
         if r.get("error"):
             meta["reason"] = r["error"][:500]
         if "eval" in r:

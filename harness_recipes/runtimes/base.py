@@ -14,6 +14,8 @@ from pathlib import Path
 from harness_recipes.runtimes.file_tree import ObjectStore, Snapshot, snapshot_dir
 from harness_recipes.tasks.task_file import Task
 
+from .api_socket import ApiSocket, inner_base_url, wrap_argv
+
 OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 
@@ -33,6 +35,23 @@ class Sandbox(ABC):
     workspace: str  # path as the commands inside see it
     home: str
     root: Path  # the episode directory on the host: config files may be written only below it
+    isolation: str = "none"  # none | bubblewrap | docker: recorded with every episode
+    # The model API's way in (api_socket.py) and the sandbox's python3 that runs the inner forwarder;
+    # None: the harness shares the host's network (isolation none) or has no way out at all.
+    api: ApiSocket | None = None
+    python: str = "python3"
+
+    def api_base(self, proxy: str) -> str:
+        """The proxy's base URL as the harness inside sees it."""
+        return inner_base_url(proxy) if self.api is not None else proxy
+
+    def harness_argv(self, argv: list[str]) -> list[str]:
+        """The harness command, behind the inner forwarder when the API comes through a socket."""
+        return wrap_argv(self.python, argv) if self.api is not None else argv
+
+    async def close_api(self) -> None:
+        if self.api is not None:
+            await self.api.close()
 
     async def write_file(self, path: str, content: str) -> None:
         await self.write_bytes(path, content.encode())
@@ -61,8 +80,12 @@ class Runtime(ABC):
     name: str
     grading: str  # how prepare_grading isolates grading: "fresh-container" | "fresh-workspace"
 
+    isolation: str = "none"
+
     @abstractmethod
-    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox: ...
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, upstream: str | None = None) -> Sandbox:
+        """A sandbox for one episode; ``upstream``: the episode's proxy (its base URL), the one thing
+        the sandbox may reach. None: no way out at all."""
 
     async def prepare_grading(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
         """A fresh sandbox with the pristine workspace, for grading: nothing of the agent's is in it."""

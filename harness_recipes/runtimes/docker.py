@@ -12,9 +12,11 @@ image when docker has it, else one built from a debootstrap'ed Debian base), the
 A container that stops under a command (killed, OOM) raises ContainerGone with docker's account
 of why: the episode ends as an infrastructure error, not as the harness's failure.
 
-Network: `host` (the harness must reach the proxy on 127.0.0.1) or `none`; never a bridge (this
-machine forbids private-range traffic, and dockerd runs with --bridge=none). Limits: memory, CPUs,
-pids. Cleanup: every container carries a per-run label; close() removes it (force), and
+Network: `none`, always: the container has only its own loopback. The model API comes in through
+a per-episode Unix socket (api_socket.py) in a directory mounted read-only at /run/polar, and the
+harness runs behind the inner forwarder (the container's own python3: an image without one fails the
+episode, saying so). No capabilities, no-new-privileges; /etc less its secrets. Limits: memory,
+CPUs, pids. Cleanup: every container carries a per-run label; close() removes it (force), and
 shutdown() sweeps any container of the run still there, whatever path the run left by.
 """
 from __future__ import annotations
@@ -33,8 +35,10 @@ from harness_recipes.runtimes.images import ImageError, instance_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import harness_cache
+from .api_socket import SANDBOX_DIR, ApiSocket
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 from .file_tree import ObjectStore, Snapshot, snapshot_tar
+from .local import ETC_HIDDEN
 
 IMAGE = "polar-rollout-base:2"
 WORKDIR = "/testbed"  # where SWE-bench images hold the repository
@@ -93,6 +97,7 @@ class DockerSandbox(Sandbox):
         self.workspace = workspace or str(root / "workspace")
         self.home = str(root / "home")
         self.image = image
+        self.isolation = "docker"
         if node_dir:
             self.node_dir = node_dir  # the scheduler puts it first on the harness's PATH
         self._closed = False
@@ -156,6 +161,7 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        await self.close_api()
         await asyncio.to_thread(_remove, self.container)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
@@ -211,17 +217,25 @@ def _remove(container) -> None:
         pass
 
 
+def _hidden_etc() -> dict:
+    """Mounts that hide /etc's secrets under the read-only /etc (files only: docker mounts files here)."""
+    return {"/dev/null": [p for p in ETC_HIDDEN if Path(p).is_file() and not Path(p).is_symlink()]}
+
+
 class DockerRuntime(Runtime):
     name = "docker"
+    isolation = "docker"
     # Grading starts a new container (the instance's image, or a fresh workspace copy): network none,
-    # only its own episode directory mounted (no harness cache, no node), the agent's container removed.
+    # only its own episode directories mounted (no harness cache, no node), the agent's container removed.
     grading = "fresh-container"
 
-    def __init__(self, network: str = "host", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
+    def __init__(self, network: str = "none", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
                  workdir: str | None = None, log=None):
-        if network not in ("host", "none"):
-            raise ValueError(f"docker network must be host or none (no bridges here), not {network!r}")
+        if network != "none":
+            raise ValueError(f"docker network must be none, not {network!r}: a container reaches only its model "
+                             "API, through the episode's Unix socket (no host network, no bridges)")
         self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
+        self._python: dict[str, str] = {}  # image -> its python3, for the inner forwarder
         self.workdir = workdir
         self.client = _client()
         self.image = ensure_image(self.client)
@@ -230,65 +244,102 @@ class DockerRuntime(Runtime):
         self._node: dict | None = None  # the host's node, as mounts into instance images
         self.log = log or (lambda m: None)
 
-    def _volumes(self, root: Path, grading: bool = False) -> dict:
+    @staticmethod
+    def _episode_volumes(root: Path, api: ApiSocket | None, workspace: bool = True) -> dict:
+        """The episode's own directories (workspace, home) read-write, at their host paths (not the
+        episode directory itself: the harness's output and records never sit there), and the model
+        API's socket directory read-only."""
+        vols = {str(root / "home"): {"bind": str(root / "home"), "mode": "rw"}}
+        if workspace:
+            vols[str(root / "workspace")] = {"bind": str(root / "workspace"), "mode": "rw"}
+        if api is not None:
+            vols[str(api.dir)] = {"bind": SANDBOX_DIR, "mode": "ro"}
+        return vols
+
+    def _volumes(self, root: Path, api: ApiSocket | None, grading: bool = False) -> list[str]:
         cache = harness_cache().resolve()
-        return {
+        vols = {
             "/usr": {"bind": "/usr", "mode": "ro"},
             "/etc": {"bind": "/etc", "mode": "ro"},
             **({} if grading else {str(cache): {"bind": str(cache), "mode": "ro"}}),
-            str(root): {"bind": str(root), "mode": "rw"},
+            **self._episode_volumes(root, api),
         }
+        binds = [f"{src}:{v['bind']}:{v['mode']}" for src, v in vols.items()]
+        return binds + [f"/dev/null:{p}:ro" for p in _hidden_etc()["/dev/null"]]
 
-    def _start(self, root: Path, eid: str, grading: bool = False):
+    def _run(self, image: str, volumes, workdir: str, root: Path, eid: str):
         return self.client.containers.run(
-            self.image, ["sleep", "infinity"], detach=True, network_mode="none" if grading else self.network,
+            image, ["sleep", "infinity"], detach=True, network_mode="none",
             mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
-            volumes=self._volumes(root, grading), working_dir=str(root / "workspace"), init=True,
+            volumes=volumes, working_dir=workdir, init=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
-            environment={"HOME": str(root / "home")},
+            environment={"HOME": str(root / "home")}, hostname="sandbox",
         )
 
-    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, grading: bool = False) -> Sandbox:
+    def _start(self, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False):
+        return self._run(self.image, self._volumes(root, api, grading), str(root / "workspace"), root, eid)
+
+    async def _with_api(self, sandbox: DockerSandbox, api: ApiSocket | None) -> DockerSandbox:
+        """Give the sandbox its way in: the image's python3 runs the inner forwarder; none: the episode
+        fails here, saying why (it could not reach its model API)."""
+        if api is None:
+            return sandbox
+        sandbox.api = api
+        if sandbox.image not in self._python:
+            res = await sandbox.exec(["sh", "-c", "command -v python3"],
+                                     {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"
+                                              "/opt/conda/bin:/opt/miniconda3/bin"}, timeout=30)
+            found = res.stdout.decode(errors="replace").strip()
+            if res.rc != 0 or not found.startswith("/"):
+                raise RuntimeError(f"image {sandbox.image}: no python3 in the sandbox; the model API's forwarder "
+                                   "(inner_forwarder.py) runs with the sandbox's own python3, so the harness "
+                                   "could not reach its model. Use an image with python3")
+            self._python[sandbox.image] = found
+        sandbox.python = self._python[sandbox.image]
+        return sandbox
+
+    async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, upstream: str | None = None,
+                      grading: bool = False) -> Sandbox:
         if task.swebench is not None:
-            return await self._prepare_instance(task, episode_id, grading)
+            return await self._prepare_instance(task, episode_id, upstream, grading)
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
-        container = None
+        api = None
         try:
             (root / "home").mkdir()
             await asyncio.to_thread(populate_workspace, task, root / "workspace")
-            container = await asyncio.to_thread(self._start, root, episode_id, grading)
+            api = await ApiSocket(upstream).start() if upstream is not None else None
+            container = await asyncio.to_thread(self._start, root, episode_id, api, grading)
+            sandbox = DockerSandbox(self.client, container, root, image=self.image)
+            return await self._with_api(sandbox, api)
         except BaseException:
             # containers.run leaves a created-but-failed container behind: find it by its labels.
             await asyncio.to_thread(self._remove_episode, episode_id)
+            if api is not None:
+                await api.close()
             shutil.rmtree(root, ignore_errors=True)
             raise
-        return DockerSandbox(self.client, container, root)
 
     async def prepare_grading(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
         return await self.prepare(task, episode_id, harness_prefix, grading=True)
 
     # ---- SWE-bench instances: the instance's own image, the repository at /testbed in it ----------
 
-    def _instance_volumes(self, root: Path) -> dict:
+    def _instance_volumes(self, root: Path, api: ApiSocket | None = None) -> dict:
         cache = harness_cache().resolve()
-        vols = {str(cache): {"bind": str(cache), "mode": "ro"}, str(root): {"bind": str(root), "mode": "rw"}}
+        vols = {str(cache): {"bind": str(cache), "mode": "ro"}, **self._episode_volumes(root, api, workspace=False)}
         if self._node is None:
             self._node = node_mounts(self.workdir)
         return {**vols, **self._node}
 
-    def _start_instance(self, image: str, root: Path, eid: str, grading: bool = False):
-        vols = {str(root): {"bind": str(root), "mode": "rw"}} if grading else self._instance_volumes(root)
-        return self.client.containers.run(
-            image, ["sleep", "infinity"], detach=True, network_mode="none" if grading else self.network,
-            mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
-            volumes=vols, working_dir=WORKDIR, init=True,
-            labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
-            environment={"HOME": str(root / "home")},
-        )
+    def _start_instance(self, image: str, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False):
+        vols = self._episode_volumes(root, None, workspace=False) if grading else self._instance_volumes(root, api)
+        return self._run(image, vols, WORKDIR, root, eid)
 
-    async def _prepare_instance(self, task: Task, episode_id: str, grading: bool = False) -> Sandbox:
+    async def _prepare_instance(self, task: Task, episode_id: str, upstream: str | None = None,
+                                grading: bool = False) -> Sandbox:
         inst = task.swebench
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
+        api = None
         try:
             (root / "home").mkdir()
             try:
@@ -298,12 +349,16 @@ class DockerRuntime(Runtime):
             except Exception as e:  # docker API errors while building or importing
                 raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
             self.images[inst["instance_id"]] = (image, how)
-            container = await asyncio.to_thread(self._start_instance, image, root, episode_id, grading)
+            api = await ApiSocket(upstream).start() if upstream is not None else None
+            container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading)
+            sandbox = DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
+            return await self._with_api(sandbox, api)
         except BaseException:
             await asyncio.to_thread(self._remove_episode, episode_id)
+            if api is not None:
+                await api.close()
             shutil.rmtree(root, ignore_errors=True)
             raise
-        return DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
 
     def _remove_episode(self, eid: str) -> None:
         for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}={self.run_label}",

@@ -281,3 +281,22 @@ def test_cli_max_len_model_and_stats(tmp_path):
     s = json.loads(r.output.strip().splitlines()[-1])
     assert s["context_divergent_tokens"] > 0 and "thinking-dropped" in s["realign_classes"]
     assert s["terminations"] == {"stop": 1} and s["excluded_counts"] == {}
+
+
+def test_isolation_is_carried_from_the_end_metadata(tmp_path):
+    """Every row says how its rollout confined the harness; an unsandboxed episode (--isolation none)
+    is marked on each of its rows, and a rollout that did not say leaves the column null."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def run(c):
+        c.call(L.Sample("Plan.", "", [L.write_tool()]), results=["ok"])
+        c.call(L.Sample("", "Done.", []))
+    L.episode(logs, "open", run, harness="qwen-code", thinking=True, metadata={"isolation": "none"})
+    L.episode(logs, "boxed", run, harness="qwen-code", thinking=True, metadata={"isolation": "bubblewrap"})
+    L.episode(logs, "old", run, harness="qwen-code", thinking=True)
+    r = build(logs, tmp_path / "out", Options(check=True))
+    assert not r.errors
+    rows = pq.read_table(next((tmp_path / "out").glob("shard-*.parquet"))).to_pylist()
+    by_episode = {(row["episode_id"], row["isolation"]) for row in rows}
+    assert by_episode == {("open", "none"), ("boxed", "bubblewrap"), ("old", None)}, by_episode

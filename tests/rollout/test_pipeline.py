@@ -15,7 +15,7 @@ from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.tasks.task_file import load_tasks
 
-from .conftest import fake_recipe, write_tasks
+from .conftest import FAKE, fake_recipe, write_tasks
 
 FIX = ["fix", "calc.py", "return a - b", "return a + b"]
 
@@ -25,7 +25,9 @@ def run_pipeline(tmp_path, end_server, argv, *, n=1, samples=1, timeout=30, limi
     tasks = load_tasks(write_tasks(tmp_path, timeout=timeout, n=n))
     out = tmp_path / "out"
     records = Records(out)
-    runtime = make_runtime("local", isolation=isolation, workdir=str(tmp_path))
+    # the fake harness lives in the checkout, which a sandbox does not see: bind it alone
+    opts = {"extra_ro": (str(FAKE),)} if isolation != "none" else {}
+    runtime = make_runtime("local", isolation=isolation, workdir=str(tmp_path), **opts)
     p = Pipeline(recipe, Path(recipe.install.bin), runtime, ep.Settings(proxy=end_server.url), records,
                  logdir=None, limits=limits or Limits())
     p.plan(tasks, samples)
@@ -48,6 +50,8 @@ def test_fixing_harness_gets_reward_one_and_end_is_posted(tmp_path, end_server, 
     assert rec["changed_files"] == [".fake-seen.json", "calc.py"] or set(rec["changed_files"]) == {".fake-seen.json", "calc.py"}
     end = end_server.ends[rec["episode_id"]]
     assert end["reward"] == 1.0 and end["metadata"]["group_id"] == "add0" and end["metadata"]["discard"] is False
+    # every episode says how it was confined: an unsandboxed one is marked so
+    assert end["metadata"]["isolation"] == {"none": "none", "bwrap": "bubblewrap"}[isolation]
     assert list(rec["phases"]) == ["prewarm", "run", "eval", "recon"]
     assert not leftover_dirs(tmp_path), "episode directory not removed"
     line = json.loads((out / "rollout" / "episodes.jsonl").read_text().splitlines()[-1])
@@ -166,3 +170,15 @@ def test_an_eval_that_cannot_run_is_discarded_not_a_zero(tmp_path, end_server):
     assert rec["status"] == "eval_error" and "eval patch did not apply" in rec["error"], rec
     end = end_server.ends[rec["episode_id"]]
     assert end["metadata"]["discard"] is True and "eval patch did not apply" in end["metadata"]["reason"]
+
+
+@pytest.mark.parametrize("isolation", ["auto", "bwrap"])
+def test_no_silent_fallback_without_bubblewrap(tmp_path, monkeypatch, isolation, capsys):
+    """Without bubblewrap on PATH, auto (the default) and bwrap refuse to start, naming what is missing
+    and how to get it; only an explicit none runs, with a warning."""
+    from harness_recipes.runtimes.local import LocalRuntime
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH where no bwrap is found
+    with pytest.raises(RuntimeError, match=r"bubblewrap \(bwrap\) is not installed.*apt-get install -y bubblewrap"):
+        LocalRuntime(isolation=isolation, workdir=str(tmp_path))
+    rt = LocalRuntime(isolation="none", workdir=str(tmp_path))
+    assert rt.isolation == "none" and "UNSANDBOXED" in capsys.readouterr().err
