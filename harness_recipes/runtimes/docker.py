@@ -150,6 +150,11 @@ class DockerSandbox(Sandbox):
         nothing run in the container."""
         def read() -> Snapshot:
             import docker
+            # The container's PID 1 sleeps forever: stopped now means it died under the harness (an
+            # infrastructure failure, the episode's error), even when the harness's exec came back
+            # before docker reported the death.
+            if self._dead():
+                raise ContainerGone(self._why_gone(None))
             try:
                 chunks, _ = self.container.get_archive(self.workspace)
             except docker.errors.APIError as e:
