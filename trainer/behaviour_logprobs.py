@@ -28,7 +28,9 @@ temperature 0.0) and what its logprobs are (``logprobs_mode``):
   greedy: unscaled (:220-221). Both sides of the ratio are then the untruncated tempered softmax: exact
   on-policy (ratio 1); off-policy it omits the ratio of the kept masses Z_old/Z_mu, which the server's
   per-token scaled logprob does not carry (processed logprobs do).
-- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; refused with the fix. One
+- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; ``row_transform`` raises
+  LogprobsModeError with the fix, which the rollout turns into a counted exclusion (row_exclusions.py:
+  training stops only past max_excluded_share). One
   exception, because there raw IS processed: a raw row whose recorded sampling is the identity
   (temperature 1 or greedy, top_k -1, top_p 1, min_p 0, nothing in ``sampling_unsupported``): no
   temperature, mask or processor stands between the raw logits and the sampled distribution

@@ -30,11 +30,12 @@ def main(shards: str, out: str, model_dir: str, max_steps: int, wait: float, ove
             trained.append(sorted({x["group_id"] for x in inputs if not x["polar_pad"]}))
             return output
 
-    cfg = PolarGRPOConfig(
+    kw = dict(
         output_dir=out, shards=shards, max_steps=max_steps, per_device_train_batch_size=2, num_generations=2,
         learning_rate=1e-3, logging_steps=1, save_strategy="steps", save_steps=2, report_to="none", use_cpu=True,
         bf16=False, shard_wait_timeout=wait, shard_poll_interval=0.1, seed=0, disable_tqdm=True,
-        vllm_importance_sampling_correction=False, **(overrides or {}))
+        vllm_importance_sampling_correction=False)
+    cfg = PolarGRPOConfig(**{**kw, **(overrides or {})})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     t = Recorder(model=model, args=cfg, processing_class=AutoTokenizer.from_pretrained(model_dir))
     src = t.shard_source
