@@ -5,7 +5,7 @@ always kept, trainer/behaviour_logprobs.py ``sampled_token_logprobs``; non-finit
 counted, trainer/is_correction.py), side by side.
 
     PYTHONPATH=. .venv/bin/python bench/bench_is_noise.py [--groups 16] [--group-size 4] [--max-tokens 64] \
-        [--draws 5] [--vllm-url URL] [--json out.json]
+        [--draws 2] [--vllm-url URL] [--json out.json]
 
 Rows: one chat call per episode through the capture proxy (addon) to polar-serve's vllm dialect with
 ``--logprobs-mode processed_logprobs`` (its sampler is held to vLLM 0.32's: tests/trainer/vllm_sampler_ref.py),
@@ -64,33 +64,36 @@ def trainer_logits(model, rows: list[dict]):
 
 
 def evaluate(per_row, transforms, perturb) -> dict:
-    """Both rules on the perturbed logits of every row."""
+    """Both rules on the perturbed logits of every row (one perturbation per row, shared by the rules)."""
     import torch
 
     from trainer.behaviour_logprobs import sampled_token_logprobs
 
-    res = {}
-    for rule, keep in (("before", False), ("after", True)):
-        n_tok = n_inf = n_added = 0
-        log_rhos, absdiffs = [], []
-        for (logits, toks, beh), t in zip(per_row, transforms):
-            lp, added = sampled_token_logprobs(perturb(logits), toks, t, keep_sampled=keep)
+    acc = {rule: {"n_tok": 0, "n_inf": 0, "n_added": 0, "log_rhos": [], "absdiffs": []} for rule in ("before", "after")}
+    for (logits, toks, beh), t in zip(per_row, transforms):
+        z = perturb(logits)
+        for rule, keep in (("before", False), ("after", True)):
+            a = acc[rule]
+            lp, added = sampled_token_logprobs(z, toks, t, keep_sampled=keep)
             diff = lp - beh
             finite = torch.isfinite(diff)
-            n_tok += diff.numel()
-            n_inf += int((~finite).sum())
-            n_added += int(added.sum())
-            absdiffs.append(diff[finite].abs())
+            a["n_tok"] += diff.numel()
+            a["n_inf"] += int((~finite).sum())
+            a["n_added"] += int(added.sum())
+            a["absdiffs"].append(diff[finite].abs())
             # before: what is_correction.py did (nan_to_num of -inf: the sequence's ratio is 0);
             # after: a non-finite token is masked out of the loss and the ratio (is_correction.py)
-            log_rhos.append(float(torch.nan_to_num(diff).sum()) if not keep else float(diff[finite].sum()))
-        rho = torch.tensor(log_rhos, dtype=torch.float64).exp()
-        res[rule] = {"tokens": n_tok, "masked_token_share": n_inf / n_tok, "kept_set_fix_share": n_added / n_tok,
+            a["log_rhos"].append(float(torch.nan_to_num(diff).sum()) if not keep else float(diff[finite].sum()))
+    res = {}
+    for rule, a in acc.items():
+        rho = torch.tensor(a["log_rhos"], dtype=torch.float64).exp()
+        n = a["n_tok"]
+        res[rule] = {"tokens": n, "masked_token_share": a["n_inf"] / n, "kept_set_fix_share": a["n_added"] / n,
                      "seq_ratio_mean": float(rho.mean()), "seq_ratio_min": float(rho.min()),
                      "seq_ratio_mean_err": abs(float(rho.mean()) - 1.0),
                      "seq_zeroed_share": float((rho < 1e-6).double().mean()),
                      "seq_outside_1/3_3": float(((rho < 1 / 3) | (rho > 3)).double().mean()),
-                     "abs_log_ratio_per_token": float(torch.cat(absdiffs).mean())}
+                     "abs_log_ratio_per_token": float(torch.cat(a["absdiffs"]).mean())}
     return res
 
 
@@ -153,7 +156,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--draws", type=int, default=5, help="noise draws per sigma")
+    ap.add_argument("--draws", type=int, default=2, help="noise draws per sigma")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
