@@ -28,7 +28,9 @@ temperature 0.0) and what its logprobs are (``logprobs_mode``):
   greedy: unscaled (:220-221). Both sides of the ratio are then the untruncated tempered softmax: exact
   on-policy (ratio 1); off-policy it omits the ratio of the kept masses Z_old/Z_mu, which the server's
   per-token scaled logprob does not carry (processed logprobs do).
-- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; refused with the fix. One
+- ``raw`` (stock vLLM's default) or unknown: the ratio cannot be formed; ``row_transform`` raises
+  LogprobsModeError with the fix, which the rollout turns into a counted exclusion (row_exclusions.py:
+  training stops only past max_excluded_share). One
   exception, because there raw IS processed: a raw row whose recorded sampling is the identity
   (temperature 1 or greedy, top_k -1, top_p 1, min_p 0, nothing in ``sampling_unsupported``): no
   temperature, mask or processor stands between the raw logits and the sampled distribution
@@ -152,17 +154,40 @@ def mask_logits_(z: torch.Tensor, t: Transform) -> torch.Tensor:
     return z
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK) -> torch.Tensor:
-    """log p(token) under ``t`` for each position: logits (N, V) unscaled, tokens (N,) -> (N,) float32.
-    A token the transform masks gets -inf (the caller counts those: it means the server kept a token
-    the trainer would not, i.e. the recorded parameters are not the applied ones)."""
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK,
+                   keep_sampled: bool = True) -> torch.Tensor:
+    """log p(token) under ``t`` for each position: logits (N, V) unscaled, tokens (N,) -> (N,) float32
+    (``sampled_token_logprobs`` without the count)."""
+    return sampled_token_logprobs(logits, tokens, t, chunk, keep_sampled)[0]
+
+
+def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK,
+                           keep_sampled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(token) under ``t`` per position, float32 (N,); added (N,) bool).
+
+    The sampled token always counts as kept (``keep_sampled``): the server drew it, so it was in the
+    server's kept set, whatever the trainer's recomputed set says. The trainer's logits are never the
+    server's bit for bit (bf16 vs fp32, other kernels and batch shapes), so a token at the top-k / top-p /
+    min-p boundary can fall just outside the trainer's set; without this its pi_old would be -inf and its
+    sequence's ratio 0 (0.2-0.4% of tokens at logit noise 0.01-0.03 with Qwen3's defaults:
+    docs/benchmarks/trainer.md). With it the distribution is renormalised over the trainer's kept set plus
+    the sampled token; the error against the server's normaliser is the mass of the boundary tokens on
+    which the two sets disagree, each at the threshold. ``added`` marks the positions where the token had
+    to be added (logged as a share: a large share means the recorded sampling parameters are not the
+    applied ones). ``keep_sampled=False`` is the old rule (-inf outside the set), kept for the benchmark."""
     if logits.dim() != 2 or tokens.shape != logits.shape[:1]:
         raise ValueError(f"logits (N, V) and tokens (N,) expected, got {tuple(logits.shape)} and {tuple(tokens.shape)}")
     out = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
+    added = torch.zeros(logits.size(0), dtype=torch.bool, device=logits.device)
     for s in range(0, logits.size(0), chunk):
         z = logits[s:s + chunk].float() / t.temperature  # a new buffer: the caller's logits stay untouched
-        if t.truncates:
-            mask_logits_(z, t)
         tok = tokens[s:s + chunk].long().unsqueeze(-1)
+        if t.truncates:
+            before = z.gather(-1, tok)
+            mask_logits_(z, t)
+            if keep_sampled:
+                lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before)
+                z.scatter_(-1, tok, torch.where(lost, before, z.gather(-1, tok)))
+                added[s:s + chunk] = lost.squeeze(-1)
         out[s:s + chunk] = (z.gather(-1, tok) - z.logsumexp(-1, keepdim=True)).squeeze(-1)
-    return out
+    return out, added

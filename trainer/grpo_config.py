@@ -23,14 +23,27 @@ class PolarGRPOConfig(GRPOConfig):
     shard_poll_interval: float = field(default=1.0, metadata={"help": "Seconds between directory listings."})
     shard_wait_timeout: float | None = field(default=None, metadata={
         "help": "Fail if no group arrives for this many seconds (None: wait forever)."})
-    max_policy_lag: int | None = field(default=None, metadata={
+    max_policy_lag: int | None = field(default=4, metadata={
         "help": "Drop groups whose weight_version is more than this many syncs behind the current one, by the "
-        "sync history (and groups whose version is unknown or spans a sync). None: keep all."})
+        "sync history (and groups whose version is unknown or spans a sync; a null version counts as the "
+        "oldest). Applies once versions have an order (a sync history, or integer versions). None: keep all."})
     group_size_policy: str = field(default="pad", metadata={
         "help": "Groups whose row count differs from num_generations: 'pad' (whole episodes, zero-weight "
         "padding rows) or 'skip'."})
-    drop_incomplete_groups: bool = field(default=False, metadata={
-        "help": "Drop groups recon wrote after a timeout (group_complete=false)."})
+    drop_incomplete_groups: bool = field(default=True, metadata={
+        "help": "Drop groups recon wrote after a timeout (group_complete=false): their baseline would cover "
+        "only the episodes that finished first (a length-correlated bias). False: train them."})
+    max_excluded_share: float | None = field(default=0.5, metadata={
+        "help": "Stop (every rank, naming each cause and its fix) when more than this share of the trainable "
+        "tokens read in the last excluded_share_window tokens was excluded (greedy, temperature mismatch, "
+        "raw/unknown logprobs, unsupported sampling, realigned rows, non-finite logprobs). None: never stop."})
+    excluded_share_window: int = field(default=20000, metadata={
+        "help": "Trainable tokens (whole groups, per rank) over which max_excluded_share is measured; the check "
+        "starts once this many were read."})
+    max_realign_share: float | None = field(default=0.5, metadata={
+        "help": "Exclude (counted: realign_share) episodes with a row whose re-rendered context tokens "
+        "(realign_tokens) exceed this share of the row. Rows below it train without IS correction (their "
+        "context is not what the server saw). None: no gate."})
     shard_max_length: int | None = field(default=None, metadata={
         "help": "Exclude (counted, logged: too_long) episodes with a row longer than this many tokens. Default: "
         "the model's max_position_embeddings. TRL truncates nothing on the rollout_func path."})
@@ -63,6 +76,12 @@ class PolarGRPOConfig(GRPOConfig):
         if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
                 and not self.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
+        for name in ("max_excluded_share", "max_realign_share"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1] or None, got {v}")
+        if self.excluded_share_window < 1:
+            raise ValueError(f"excluded_share_window must be >= 1 token, got {self.excluded_share_window}")
         if self.group_size_policy not in POLICIES:
             raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
         if self.max_steps is None or self.max_steps <= 0:

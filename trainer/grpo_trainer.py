@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -22,9 +23,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from trainer.advantages import episode_advantages
-from trainer.behaviour_logprobs import Transform, token_logprobs
+from trainer.behaviour_logprobs import Transform, sampled_token_logprobs
 from trainer.grpo_config import PolarGRPOConfig
-from trainer.is_correction import is_ratio
+from trainer.is_correction import is_ratio_masks
+from trainer.row_exclusions import REASONS, ExclusionLedger
 from trainer.row_temperature import generation_default
 from trainer.shard_rollout import ShardRollout, shard_reward
 from trainer.shard_source import ShardCursor, ShardSource
@@ -77,11 +79,14 @@ class PolarGRPOTrainer(GRPOTrainer):
         max_length = args.shard_max_length
         if max_length is None:
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.exclusions = ExclusionLedger(args.max_excluded_share, args.excluded_share_window)
         self.shard_rollout = ShardRollout(source, args.num_generations, args.group_size_policy,
                                           args.shard_wait_timeout, args.temperature, served_t,
                                           is_correction=args.vllm_importance_sampling_correction,
-                                          max_length=max_length, mask_truncated=args.mask_truncated_completions)
+                                          max_length=max_length, mask_truncated=args.mask_truncated_completions,
+                                          max_realign_share=args.max_realign_share, ledger=self.exclusions)
         self.polar_is_stats: dict[str, float] = {}
+        self._polar_kept_added: torch.Tensor | None = None  # (B, T): sampled tokens added to the kept set
         callbacks = [ShardCursorCallback(source), *(callbacks or [])]
         if args.sync_server:
             callbacks.append(WeightSyncCallback.from_config(args, source))
@@ -172,31 +177,55 @@ class PolarGRPOTrainer(GRPOTrainer):
         return torch.tensor([c / total[k] if k is not None and total[k] > 0 else 1.0 for k, c in zip(keys, n.tolist())])
 
     def _apply_behaviour_is(self, output: dict, metrics) -> None:
+        """Scale the advantages by the importance ratio. Mask and count, never abort: a trainable token whose
+        pi_old or mu is not finite leaves the loss (tool_mask 0; counted in the excluded share), realigned
+        rows get no correction (their context is not what the server saw: ratio 1, counted), and every
+        statistic goes to TRL's metrics (docs/training.md: Metrics)."""
         behaviour = output.get("sampling_per_token_logps")
         if behaviour is None:
             raise RuntimeError("rollout returned no behaviour logprobs; cannot apply importance sampling")
-        mask = output["completion_mask"]
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
+        if "tool_mask" not in output:
+            output["tool_mask"] = torch.ones_like(output["completion_mask"])
+        mask = output["completion_mask"] * output["tool_mask"]
+        self._polar_kept_added = None
         old = self._old_policy_logps(output, self.shard_rollout.batch_transforms)
-        outside = (torch.isinf(old) & mask.bool()).sum().item()
-        metrics["polar/is_tokens_outside_kept_set"].append(outside)
-        if outside:
-            log.warning("%d sampled tokens fall outside the kept set of the transform their rows record (ratio 0 "
-                        "for them): the recorded sampling parameters are not the ones the server applied", outside)
+        train = mask.bool()
+        n_train = int(train.sum())
+        added = self._polar_kept_added
+        n_added = int((added & train).sum()) if added is not None else 0
+        metrics["polar/is_tokens_outside_kept_set"].append(n_added)
+        metrics["polar/is_kept_set_fix_share"].append(n_added / n_train if n_train else 0.0)
+        realign = torch.tensor([x > 0 for x in self.shard_rollout.batch_realign], dtype=torch.bool,
+                               device=mask.device)
+        if realign.numel() != mask.size(0):
+            raise RuntimeError(f"{realign.numel()} realign flags for {mask.size(0)} rows: the rollout and the batch "
+                               "disagree")
+        exempt_tokens = int(train[realign].sum())
+        metrics["polar/is_realign_exempt_token_share"].append(exempt_tokens / n_train if n_train else 0.0)
+        metrics["polar/is_realign_exempt_rows"].append(int((realign & (train.sum(1) > 0)).sum()))
         args = self.args
-        ratio, stats = is_ratio(old, behaviour, mask, args.vllm_importance_sampling_mode,
-                                args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
+        ratio, stats, nonfinite = is_ratio_masks(old, behaviour, mask, args.vllm_importance_sampling_mode,
+                                                 args.vllm_importance_sampling_clip_min,
+                                                 args.vllm_importance_sampling_clip_max, exempt=realign)
+        n_bad = int(nonfinite.sum())
+        if n_bad:
+            output["tool_mask"] = output["tool_mask"].masked_fill(nonfinite, 0)
+            self.exclusions.add(0, Counter({"nonfinite_logprob": n_bad}), details={
+                "nonfinite_logprob": f"{n_bad} of {n_train} trainable tokens of the last batch"})
+            log.warning("%d of %d trainable tokens have a non-finite pi_old or behaviour logprob: masked out of the "
+                        "loss and counted", n_bad, n_train)
         if self.loss_type == "vespo":
             output["importance_sampling_ratio"] = ratio
         else:
             adv = output["advantages"]
             output["advantages"] = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * ratio
         self.polar_is_stats = stats
-        # TRL's metric names for its vLLM correction, plus raw_mean and clipped_frac.
+        # TRL's metric names for its vLLM correction, plus raw_mean, clipped_frac, masked_frac, nonfinite_*.
         for k, v in stats.items():
             if k.startswith("logp_diff_"):
                 metrics[f"sampling/sampling_logp_difference/{k.removeprefix('logp_diff_')}"].append(v)
+            elif k.startswith("nonfinite_"):
+                metrics[f"polar/is_{k}"].append(v)
             else:
                 metrics[f"sampling/importance_sampling_ratio/{k}"].append(v)
 
@@ -217,6 +246,7 @@ class PolarGRPOTrainer(GRPOTrainer):
         attn = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
         out = torch.zeros(b, t, dtype=torch.float32, device=completion.device)
+        added = torch.zeros(b, t, dtype=torch.bool, device=completion.device)
         bs = self.args.per_device_train_batch_size
         for s in range(0, b, bs):
             # As TRL's _get_per_token_logps_and_entropies: the logits that predict each completion token.
@@ -225,8 +255,10 @@ class PolarGRPOTrainer(GRPOTrainer):
             for j in range(logits.size(0)):
                 pos = mask[s + j].nonzero().squeeze(-1)
                 if pos.numel():
-                    out[s + j, pos] = token_logprobs(logits[j, pos], completion[s + j, pos], transforms[s + j])
+                    out[s + j, pos], added[s + j, pos] = sampled_token_logprobs(
+                        logits[j, pos], completion[s + j, pos], transforms[s + j])
             del logits
+        self._polar_kept_added = added
         return out
 
     @torch.no_grad()
@@ -240,6 +272,7 @@ class PolarGRPOTrainer(GRPOTrainer):
 
     def _log_shard_metrics(self, metrics, load0: float, wait0: float, seconds: float) -> None:
         src, st = self.shard_source.stats, self.shard_rollout.stats
+        src_dropped = src.dropped
         load, wait = src.load_seconds - load0, src.wait_seconds - wait0
         metrics["polar/shard_load_s"].append(load)
         metrics["polar/shard_wait_s"].append(wait)
@@ -249,6 +282,17 @@ class PolarGRPOTrainer(GRPOTrainer):
         metrics["polar/groups_skipped_total"].append(sum(st.skipped.values()))
         metrics["polar/rows_excluded_sampling_total"].append(
             sum(v for k, v in st.rows_excluded.items() if k != "too_long"))
+        ex = self.exclusions
+        metrics["polar/excluded_share"].append(ex.share)  # over the window (row_exclusions.py)
+        metrics["polar/excluded_tokens_share_total"].append(
+            sum(ex.excluded_tokens.values()) / ex.tokens if ex.tokens else 0.0)
+        for reason in REASONS:
+            metrics[f"polar/excluded_rows_total/{reason}"].append(ex.excluded_rows.get(reason, 0))
+            metrics[f"polar/excluded_tokens_total/{reason}"].append(ex.excluded_tokens.get(reason, 0))
+        metrics["polar/rows_null_version_total"].append(st.rows_null_version)
+        metrics["polar/groups_lag_unknown_total"].append(st.groups_lag_unknown)
+        for reason in ("incomplete", "policy_lag", "unknown_version", "spans_versions"):
+            metrics[f"polar/groups_dropped_total/{reason}"].append(src_dropped.get(reason, 0))
         metrics["polar/groups_dropped_total"].append(sum(src.dropped.values()))
         metrics["polar/groups_deferred_total"].append(st.groups_deferred)
         metrics["polar/groups_multi_block_total"].append(st.groups_multi_block)

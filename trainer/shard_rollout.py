@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from polar_contracts.shards import TERMINATIONS, TRUNCATED
-from trainer.behaviour_logprobs import Transform, row_transform
-from trainer.row_temperature import check_rows
+from trainer.behaviour_logprobs import Transform
+from trainer.row_exclusions import ExclusionLedger, resolve_row, trainable_tokens
 from trainer.shard_source import Group, NoShardsError, ShardSource
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def segment_row(row: dict) -> dict:
         "polar_pad": False,
         "termination": row.get("termination"),
         "transform": row.get("polar_transform"),  # set by resolve_sampling; None without IS correction
+        "realign_tokens": int(row.get("realign_tokens") or 0),
     }
 
 
@@ -114,19 +115,22 @@ def mask_truncated(rows: list[dict], eos_and_pad: set[int]) -> int:
     return n
 
 
-def resolve_sampling(group: Group, served_default_temperature: float) -> tuple[Group, list[tuple[str, int, str]]]:
-    """The group without the episodes the trainer cannot reproduce, every kept row carrying its
-    transform (``polar_transform``), and [(episode_id, rows excluded, reason)]. Raises
-    LogprobsModeError (trainer/behaviour_logprobs.py) for a raw or unknown logprob mode."""
-    reasons: dict[str, str] = {}
+def resolve_sampling(group: Group, resolve) -> tuple[Group, list[tuple[str, int, str, str, int]]]:
+    """The group without the episodes that have a row the trainer cannot train on, every kept row
+    carrying its transform (``polar_transform``), and [(episode_id, rows, reason, detail, trainable
+    tokens)] of the excluded episodes. ``resolve(row, where)`` is row_exclusions.resolve_row with the
+    run's settings bound: (transform, reason, detail)."""
+    reasons: dict[str, tuple[str, str]] = {}
     rows = []
     for i, r in enumerate(group.rows):
-        t, why = row_transform(r, served_default_temperature, f"{group.shard} group {group.group_id} row {i}")
-        if t is None:
-            reasons.setdefault(r["episode_id"], why)
+        t, reason, detail = resolve(r, f"{group.shard} group {group.group_id} row {i}")
+        if reason:
+            reasons.setdefault(r["episode_id"], (reason, detail))
         rows.append({**r, "polar_transform": t})
     kept = [r for r in rows if r["episode_id"] not in reasons]
-    excluded = [(ep, sum(r["episode_id"] == ep for r in rows), why) for ep, why in reasons.items()]
+    excluded = [(ep, sum(r["episode_id"] == ep for r in rows), reason, detail,
+                 sum(trainable_tokens(r) for r in rows if r["episode_id"] == ep))
+                for ep, (reason, detail) in reasons.items()]
     return replace(group, rows=kept), excluded
 
 
@@ -141,6 +145,8 @@ class RolloutStats:
     rows_skipped: int = 0  # rows of skipped groups
     # whole episodes excluded, rows by reason: sampling the trainer cannot reproduce, too_long
     rows_excluded: Counter = field(default_factory=Counter)
+    rows_null_version: int = 0  # rows whose weight_version is null (shard_source.py: the oldest version)
+    groups_lag_unknown: int = 0  # groups whose lag has no place in any order (no sync history, no counter)
     # Per batch, reset by the trainer when it logs them.
     landing_latency: list[float] = field(default_factory=list)
     policy_lag: list[float] = field(default_factory=list)
@@ -161,18 +167,22 @@ class ShardRollout:
     def __init__(self, source: ShardSource, num_generations: int, policy: str = "pad",
                  wait_timeout: float | None = None, temperature: float | None = None,
                  served_default_temperature: float = 1.0, is_correction: bool = False,
-                 max_length: int | None = None, mask_truncated: bool = False):
+                 max_length: int | None = None, mask_truncated: bool = False,
+                 max_realign_share: float | None = None, ledger: ExclusionLedger | None = None):
         self.source = source
         self.g = num_generations
         self.policy = policy
         self.wait_timeout = wait_timeout
         self.temperature = temperature  # the trainer's; None: not checked
         self.served_default_temperature = served_default_temperature
-        self.is_correction = is_correction  # resolve each row's sampling transform (refuse / exclude)
+        self.is_correction = is_correction  # resolve each row's sampling transform (or exclude the episode)
+        self.max_realign_share = max_realign_share  # rows re-rendered beyond this share: episode excluded
+        self.ledger = ledger or ExclusionLedger(None, 1)  # excluded share (row_exclusions.py)
         self.max_length = max_length  # rows longer: episode excluded (too_long)
         self.mask_truncated = mask_truncated  # the trainer's mask_truncated_completions
         self.stats = RolloutStats()
         self.batch_transforms: list[Transform | None] = []  # of the last call's rows, in order
+        self.batch_realign: list[int] = []  # realign_tokens of the last call's rows, in order
 
     def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
         if len(prompts) % self.g:
@@ -186,6 +196,7 @@ class ShardRollout:
                 eos.add(tok.pad_token_id)
             self.stats.rows_masked_truncated += mask_truncated(rows, eos)
         self.batch_transforms = [r["transform"] for r in rows]
+        self.batch_realign = [0 if r["polar_pad"] else r["realign_tokens"] for r in rows]
         return rows_to_columns(rows)
 
     def _fill(self, n: int, trainer, timeout: float | None = None, block: bool = True) -> list[dict]:
@@ -261,19 +272,31 @@ class ShardRollout:
                     f"{self.source.cursor}); every rank stops here")
             time.sleep(self.source.poll_interval)
 
+    def _resolve(self, row: dict, where: str):
+        return resolve_row(row, trainer_temperature=self.temperature,
+                           served_default_temperature=self.served_default_temperature,
+                           is_correction=self.is_correction, max_realign_share=self.max_realign_share, where=where)
+
     def _prepare(self, group) -> list[dict] | None:
-        """The group's rows for TRL (exclusions applied, laid out in blocks), or None if skipped."""
-        excluded = []
-        if self.is_correction:
-            group, excluded = resolve_sampling(group, self.served_default_temperature)
+        """The group's rows for TRL (exclusions applied, laid out in blocks), or None if skipped.
+        Raises ExcludedShareError (row_exclusions.py) when the excluded share passes the threshold."""
+        tokens = sum(trainable_tokens(r) for r in group.rows)
+        group, excluded = resolve_sampling(group, self._resolve)
         group, too_long = exclude_too_long(group, self.max_length)
-        for ep, k, why in excluded + too_long:
-            self.stats.rows_excluded["too_long" if (ep, k, why) in too_long else why] += k
+        ex_tokens, ex_rows, details = Counter(), Counter(), {}
+        for ep, k, reason, detail, n in excluded:
+            self.stats.rows_excluded[reason] += k
+            ex_tokens[reason] += n
+            ex_rows[reason] += k
+            details[reason] = detail
+            log.warning("group %s of %s: excluding episode %s (%d rows, %d trainable tokens) from training: %s: %s",
+                        group.group_id, group.shard, ep, k, n, reason, detail)
+        for ep, k, why in too_long:
+            self.stats.rows_excluded["too_long"] += k
             log.warning("group %s of %s: excluding episode %s (%d rows) from training: %s",
                         group.group_id, group.shard, ep, k, why)
-        if self.temperature is not None and group.rows:
-            check_rows(group.rows, self.temperature, self.served_default_temperature,
-                       f"group {group.group_id} of {group.shard}")
+        self.ledger.add(tokens, ex_tokens, ex_rows, details)
+        self.ledger.check(f"group {group.group_id} of {group.shard}: ")
         fitted, note = fit_group(group, self.g, self.policy) if group.rows else (None, "no episode left")
         if fitted is None:
             self.stats.skipped["size_mismatch" if self.policy == "skip" else "too_few_episodes"] += 1
@@ -291,5 +314,8 @@ class ShardRollout:
         self.stats.groups += 1
         self.stats.landing_latency.append(time.time() - group.landed_at)
         lag = self.source.lag_of(group)  # (shard_source.py: syncs behind, by the sync history)
+        self.stats.rows_null_version += sum(r.get("weight_version") is None for r in group.rows)
         if lag is not None:
             self.stats.policy_lag.append(lag)
+        else:
+            self.stats.groups_lag_unknown += 1

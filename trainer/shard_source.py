@@ -27,11 +27,14 @@ behind the newest: ``position(current) - position(version)``. Two versions outsi
 that are both decimal integers (polar-serve's reload counters, when nothing told the source the
 history) compare as integers, and without any history the newest integer in the data is current.
 A group's lag is the largest lag of its rows (each row carries the oldest version among its
-calls). With ``max_policy_lag`` set, a group is dropped when its lag exceeds it (``policy_lag``),
-when a row's version is null, an ``unknown:`` marker or outside the order (``unknown_version``:
-its staleness cannot be bounded), or when a row's call was in flight across a sync (``spans:``
-marker, polar_contracts/weight_versions.py: ``spans_versions``). Every drop is counted by reason and
-logged.
+calls). A null version is the oldest (``VersionOrder.lag``: the largest lag the order allows). With
+``max_policy_lag`` set, a group is dropped when its lag exceeds it (``policy_lag``), when a row's
+version is an ``unknown:`` marker or outside the order (``unknown_version``: its staleness cannot be
+bounded), or when a row's call was in flight across a sync (``spans:`` marker,
+polar_contracts/weight_versions.py: ``spans_versions``). Every drop is counted by reason and logged.
+When nothing orders the versions (no sync history, no integer version in the data: a run that never
+syncs) there is nothing to bound against and no group is dropped for its version (the rollout counts
+them, ``groups_lag_unknown``). Every rank learns the same history (weight_sync.py broadcasts it).
 
 Ranks (several training processes, e.g. ``accelerate launch``): TRL calls ``rollout_func`` on every
 rank and every rank opens its own ShardSource on the same directory. ``rank``/``world_size`` partition
@@ -138,15 +141,28 @@ class VersionOrder:
         """The current version's place: its index in the history, or (no history) the newest counter."""
         return len(self.history) - 1 if self.history else self.newest_counter
 
+    @property
+    def empty(self) -> bool:
+        """Nothing orders versions: no sync history and no integer version in the data."""
+        return not self.history and self.newest_counter is None
+
     def lag(self, version: str | None) -> tuple[int | None, str]:
-        """(syncs behind current, "") or (None, the drop category: unknown_version | spans_versions)."""
-        if version is None or version.startswith(UNKNOWN_PREFIX):
+        """(syncs behind current, "") or (None, the drop category: unknown_version | spans_versions).
+
+        A null version is the oldest one: stock vLLM and SGLang report none, and the proxy names a
+        version only from the first sync through it, so a null row was generated before that sync (by the
+        weights at position 0 of the history, or before the first counter). Taking the largest possible
+        lag bounds its staleness from above: a null row after a sync (a server that never reports
+        versions) is at worst dropped as too old, never trained as fresh."""
+        if version is not None and version.startswith(UNKNOWN_PREFIX):
             return None, "unknown_version"
-        if version.startswith(SPAN_PREFIX):
+        if version is not None and version.startswith(SPAN_PREFIX):
             return None, "spans_versions"
         cur = self.current
         if cur is None:
             return None, "unknown_version"
+        if version is None:  # the oldest: behind every synced version and every counter from 0
+            return max(len(self.history) - 1, parse_version(cur) or 0), ""
         if version in self._position and cur in self._position:
             return len(self.history) - 1 - self._position[version], ""
         a, b = parse_version(cur), parse_version(version)
@@ -360,7 +376,9 @@ class ShardSource:
         """(category, detail) when the group must be dropped, else None."""
         if self.drop_incomplete and not group.complete:
             return "incomplete", "group timed out in recon (group_complete=false)"
-        if self.max_policy_lag is None:
+        if self.max_policy_lag is None or self.versions.empty:
+            # No order to bound against: the trainer never synced (nothing told it a version) and the data
+            # carries no counter. Kept, counted by the rollout (groups_lag_unknown).
             return None
         cur, worst = self.versions.current, None
         for v in group.versions:

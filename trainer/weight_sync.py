@@ -150,6 +150,17 @@ def save_policy(model, tokenizer, out: Path) -> Path:
     return out
 
 
+def share_from_rank0(version: str | None, error: str | None) -> tuple[str | None, str | None]:
+    """Rank 0's (version, error) on every rank (torch.distributed broadcast; one process: unchanged)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return version, error
+    box = [(version, error)]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class WeightSyncCallback(TrainerCallback):
     def __init__(self, server: str, *, every_steps: int = 1, save_dir: str | Path, mode: str = "polar",
                  lora_name: str = "polar", keep: int = 2, source=None, api_key: str | None = None,
@@ -195,15 +206,31 @@ class WeightSyncCallback(TrainerCallback):
             return None
         return None if v is None else str(v)
 
+    # Rank 0 talks to the server; every rank's ShardSource must learn the same history, or ranks >= 1
+    # could bound no lag (with max_policy_lag they would drop every group and starve). So rank 0's
+    # answer (or its failure) is broadcast, and every rank applies it.
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.source is not None:
-            v = self.initial_version()
-            if v is not None:
-                self.source.set_current_version(v)
+        v = self.initial_version() if state.is_world_process_zero else None
+        v, error = share_from_rank0(v, None)
+        if error is None and v is not None and self.source is not None:
+            self.source.set_current_version(v)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if state.global_step % self.every == 0 and state.is_world_process_zero:
-            self.sync(model, processing_class, state.global_step)
+        if state.global_step % self.every:
+            return
+        version, error = None, None
+        if state.is_world_process_zero:
+            try:  # (sync tells rank 0's source; learning the same version again below is a no-op)
+                version = self.sync(model, processing_class, state.global_step)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+                error = e
+        version, message = share_from_rank0(version, None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        if message is not None:
+            raise WeightSyncError(f"rank 0's weight sync failed ({message}); every rank stops here")
+        if version is not None and self.source is not None:
+            self.source.set_current_version(version)
 
     def sync(self, model, tokenizer, step: int) -> str | None:
         t0 = time.perf_counter()

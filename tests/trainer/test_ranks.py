@@ -74,3 +74,36 @@ def test_two_ranks_partition_the_groups(tmp_path, tiny_dir):
     assert (c0.consumed, c0.current, c0.group_offset) == ([f"shard-{s:06d}.parquet" for s in range(1, 4)],
                                                           "shard-000004.parquet", 1)
     assert (c1.consumed, c1.current) == ([f"shard-{s:06d}.parquet" for s in range(1, 5)], None)
+
+
+def test_two_ranks_share_the_version_history_under_a_staleness_bound(tmp_path, tiny_dir):
+    """Weight sync to a real polar-serve with max_policy_lag 1: rank 0 syncs, and every rank's source learns
+    the same history (weight_sync.py broadcasts it), so both ranks drop the same stale group and train
+    the rest. (Before: only rank 0 learned versions; rank 1 could bound no string version.)"""
+    from tests.support import servers
+
+    shards, out = tmp_path / "shards", tmp_path / "out"
+    versions = {1: "default", 2: "default", 3: "default", 4: "1"}  # shard 3 is 2 syncs old at step 3
+    for seq, v in versions.items():
+        rows = [dict(r, weight_version=v) for k in range(2) for r in group(f"s{seq}g{k}", 2 * seq + k)]
+        write_shard(shards, seq, rows)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(REPO)}
+    with servers.polar_serve(tiny_dir, "vllm") as srv:  # weight_version "default", then the reload counter
+        over = {"sync_server": srv.base_url, "sync_steps": 1, "sync_keep": 1, "max_policy_lag": 1,
+                "save_strategy": "no"}
+        cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2", "--num_machines",
+               "1", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(free_port()), str(REPO / "tests" / "trainer" / "dist_ranks.py"), str(shards), str(out),
+               str(tiny_dir), "3", "20", json.dumps(over)]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    reports = {}
+    for r in (0, 1):
+        path = out / f"rank{r}.json"
+        assert path.is_file(), f"rank {r} wrote no report (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+        reports[r] = json.loads(path.read_text())
+    for r in reports.values():
+        assert r["error"] is None and r["steps"] == 3, (r, proc.stderr[-3000:])
+        assert r["history"] == ["default", "1", "2", "3"], r
+        assert r["dropped"] == {"policy_lag": 1}, r  # its shard-3 group, 2 syncs behind at step 3
+        assert [len(b) for b in r["trained"]] == [1, 1, 1]
+        assert [b[0][:2] for b in r["trained"]] == ["s1", "s2", "s4"]

@@ -47,7 +47,7 @@ def test_token_logprobs_is_all_logprobs_gathered():
     logits = torch.randn(9, 300, generator=g) * 3
     toks = torch.randint(0, 300, (9,), generator=g)
     for t in (Transform(0.6, 20, 0.95), Transform(1.0, -1, 0.7, 0.05), Transform(0.8)):
-        got = token_logprobs(logits, toks, t, chunk=4)
+        got = token_logprobs(logits, toks, t, chunk=4, keep_sampled=False)  # (the sampled-token rule: test_numerics)
         want = torch.stack([all_logprobs(logits[i], t)[toks[i]] for i in range(9)])
         assert close(got, want)
 
@@ -174,7 +174,7 @@ def test_property_matches_per_position_reference(logits, temperature, top_k, top
     t = Transform(temperature, top_k if top_k > 0 else -1, top_p, min_p)
     mine = all_logprobs(torch.tensor(x), t)
     toks = torch.arange(len(x))
-    assert close(token_logprobs(torch.tensor(x).expand(len(x), len(x)), toks, t, chunk=chunk), mine)
+    assert close(token_logprobs(torch.tensor(x).expand(len(x), len(x)), toks, t, chunk=chunk, keep_sampled=False), mine)
     for tok in range(len(x)):
         want = reference_logprob(x, tok, t)
         got = float(mine[tok])

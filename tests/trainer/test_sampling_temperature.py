@@ -19,7 +19,7 @@ from harness_recipes.node.local_stack import capture_proxy, serve
 from polar_recon.build import Options, build
 from tests.trainer.shardkit import write_shard
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
-from trainer.behaviour_logprobs import LogprobsModeError
+from trainer.row_exclusions import ExcludedShareError
 from trainer.row_temperature import TemperatureMismatch, check_rows, generation_default, logprob_temperature
 
 # What Pi 0.73 sends besides messages/tools (recorded in a demo capture log): no sampling fields.
@@ -75,10 +75,11 @@ def pi_shards(tmp_path_factory, tiny_dir):
     return work
 
 
-def test_unknown_logprobs_mode_is_refused_with_the_fix(pi_shards, tiny_dir, tmp_path):
+def test_unknown_logprobs_mode_is_excluded_then_stops_with_the_fix(pi_shards, tiny_dir, tmp_path):
     t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "shards"), learning_rate=0.0, temperature=0.6,
-                                 per_device_train_batch_size=2))
-    with pytest.raises(LogprobsModeError, match="unknown mode.*--logprobs-mode processed_logprobs"):
+                                 per_device_train_batch_size=2, excluded_share_window=10))
+    with pytest.raises(ExcludedShareError, match="logprobs_unknown: 100.0% .*unknown mode.*--logprobs-mode "
+                                                 "processed_logprobs"):
         t.train()
 
 
@@ -111,12 +112,15 @@ def test_trainer_logprobs_equal_served_ones_at_the_sampling_temperature(pi_shard
     assert (at1[m] - got["sampling_per_token_logps"][0][m]).mean().abs() > 0.05
 
 
-def test_trainer_refuses_a_temperature_other_than_the_servers(pi_shards, tiny_dir, tmp_path):
+def test_trainer_stops_on_a_temperature_other_than_the_servers(pi_shards, tiny_dir, tmp_path):
+    # Each row is a counted exclusion (temperature_mismatch); all of them: the share stops the run, naming
+    # the temperature to pass.
     t = trainer(tiny_dir, config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0,
-                                 per_device_train_batch_size=2))  # TRL default temperature: 1.0
-    with pytest.raises(TemperatureMismatch, match=r"temperature 0\.6 \(the requests set none.*generation_config"
-                                                  r".*g0-e0, g0-e1.*Pass --temperature 0\.6"):
+                                 per_device_train_batch_size=2, excluded_share_window=10))  # TRL's T: 1.0
+    with pytest.raises(ExcludedShareError, match=r"temperature_mismatch: 100\.0% \(sampled at temperature 0\.6 "
+                                                 r"\(the server's default\).*pass --temperature 0\.6"):
         t.train()
+    assert t.shard_rollout.stats.rows_excluded == {"temperature_mismatch": 2}
     # a server that ran another model: its default given explicitly
     cfg = config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0, served_default_temperature=1.0,
                  per_device_train_batch_size=2,

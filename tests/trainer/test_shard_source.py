@@ -104,8 +104,9 @@ def test_policy_lag_filter(tmp_path):
     src = ShardSource(str(tmp_path), max_policy_lag=2)
     src.set_current_version("6")  # what the last /polar/reload answered
     assert drain(src) == ["v5"]
-    assert src.stats.dropped == {"policy_lag": 3, "unknown_version": 1}
-    with pytest.raises(NoShardsError, match="groups dropped .*'unknown_version': 1"):
+    # the versionless group is the oldest (VersionOrder.lag): 6 syncs behind, dropped for its lag
+    assert src.stats.dropped == {"policy_lag": 4}
+    with pytest.raises(NoShardsError, match="groups dropped .*'policy_lag': 4"):
         src.next_group(timeout=0)
     # Without a synced version the newest version seen in the data is "current".
     src2 = ShardSource(str(tmp_path), max_policy_lag=2)

@@ -33,14 +33,16 @@ def test_string_versions_by_sync_history(tmp_path):
         src.set_current_version(v)
     assert src.current_version == 3 and src.current_version_name == "step-000003"
     assert drain(src) == ["s2", "s3"]
-    assert src.stats.dropped == {"policy_lag": 3, "spans_versions": 1, "unknown_version": 3}
+    # null: the oldest version (3 syncs behind), so "null" drops for its lag, not as unknown
+    assert src.stats.dropped == {"policy_lag": 4, "spans_versions": 1, "unknown_version": 2}
     # no lag bound: everything is trained, markers included
     assert len(drain(ShardSource(str(tmp_path)))) == 9
 
 
 def test_lag_of_and_order():
     o = VersionOrder()
-    assert o.lag("default") == (None, "unknown_version")  # no history: nothing can be bounded
+    assert o.empty and o.lag("default") == (None, "unknown_version")  # no history: nothing can be bounded
+    assert o.lag(None) == (None, "unknown_version")
     o.learn("default")
     o.learn("default")  # (a repeat of the current version is not a new sync)
     o.learn("a")
@@ -48,11 +50,12 @@ def test_lag_of_and_order():
     assert o.history == ["default", "a", "b"] and o.position == 2
     assert o.lag("default") == (2, "") and o.lag("b") == (0, "") and o.lag("zzz") == (None, "unknown_version")
     assert o.lag(spanning("a", "b")) == (None, "spans_versions")
+    assert o.lag(None) == (2, "")  # null: the oldest (the proxy names versions from the first sync on)
     # polar-serve's integer counters outside any history still compare as integers
     c = VersionOrder()
     c.saw("3")
     c.saw("5")
-    assert c.current == "5" and c.lag("3") == (2, "")
+    assert c.current == "5" and c.lag("3") == (2, "") and c.lag(None) == (5, "")
     c.learn("7")
     assert c.lag("5") == (2, "") and c.lag("step-1") == (None, "unknown_version")
 
@@ -78,3 +81,11 @@ def test_recon_row_version_never_hides_a_marker_or_null():
     span = spanning("step-000001", "step-000002")
     assert oldest_version(["step-000001", span, "step-000002"]) == span
     assert oldest_version([]) is None
+
+
+def test_no_order_no_bound(tmp_path):
+    """A run that never syncs, on string versions (vLLM's / SGLang's "default") or nulls: nothing orders
+    them, so the default bound drops nothing (the rollout counts the groups as lag unknown)."""
+    write_shard(tmp_path, 1, group("a", ["default", None]) + group("b", [None, None]))
+    src = ShardSource(str(tmp_path), max_policy_lag=4)
+    assert src.versions.empty and drain(src) == ["a", "b"] and not src.stats.dropped

@@ -1,7 +1,8 @@
 """The importance ratio under truncated sampling (issue 14): the trainer's old-policy log-probs use the
 transform each row's logprobs reflect, so on-policy rows sampled with Qwen3's defaults (T=0.6, top_k=20,
 top_p=0.95) give ratio 1 where the full softmax would mask every row; raw/unknown logprob modes are
-refused with the fix; rows the trainer cannot reproduce are excluded, counted and logged."""
+counted exclusions that stop the run with the fix past max_excluded_share; rows the trainer cannot
+reproduce are excluded, counted and logged."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,8 @@ import torch
 
 from tests.trainer.shardkit import Sampler, row, write_shard
 from tests.trainer.test_grpo_trainer import config, real_groups, trainer
-from trainer.behaviour_logprobs import LogprobsModeError
 from trainer.is_correction import is_ratio
+from trainer.row_exclusions import ExcludedShareError
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +50,17 @@ def test_scaled_logprobs_use_temperature_only(tmp_path, tiny_dir):
 
 
 @pytest.mark.parametrize("mode", ["raw", None])
-def test_raw_and_unknown_logprob_modes_are_refused(tmp_path, tiny_dir, qwen3_sampler, mode):
+def test_raw_and_unknown_logprob_modes_are_excluded_then_stop_with_the_fix(tmp_path, tiny_dir, qwen3_sampler, mode):
+    """Every row raw / unknown: each is a counted exclusion (no single row aborts); once the excluded share
+    passes max_excluded_share the run stops naming the fix (tests/trainer/test_numerics_mismatch.py has
+    the mixed case)."""
     rows = [dict(r, logprobs_mode=mode) for r in real_groups(qwen3_sampler, 1, "r", turns=(1,))]
     write_shard(tmp_path / "shards", 1, rows)
     t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, max_steps=1, per_device_train_batch_size=2,
-                                 temperature=0.6))
-    with pytest.raises(LogprobsModeError, match=r"--logprobs-mode processed_logprobs"):
+                                 temperature=0.6, excluded_share_window=10))
+    with pytest.raises(ExcludedShareError, match=r"--logprobs-mode processed_logprobs"):
         t.train()
+    assert sum(t.shard_rollout.stats.rows_excluded.values()) == 2
     # Without the correction the recorded logprobs are not used: the same rows train.
     t = trainer(tiny_dir, config(tmp_path / "off", shards=str(tmp_path / "shards"), learning_rate=0.0, max_steps=1,
                                  per_device_train_batch_size=2, vllm_importance_sampling_correction=False,
@@ -87,8 +92,7 @@ def test_unreproducible_rows_are_excluded_counted_and_logged(tmp_path, tiny_dir,
         t.train()
     st = t.shard_rollout.stats
     assert sum(st.rows_excluded.values()) == 2, st.rows_excluded
-    assert any("presence_penalty=0.5" in k for k in st.rows_excluded)
-    assert any("unknown top_k" in k for k in st.rows_excluded)
+    assert st.rows_excluded == {"sampling_unsupported": 1, "unknown_truncation": 1}
     assert st.skipped == {"too_few_episodes": 1}
     msgs = caplog.text
     assert "excluding episode a0-e0" in msgs and "presence_penalty=0.5" in msgs and "excluding episode b0-e1" in msgs
