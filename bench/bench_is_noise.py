@@ -35,7 +35,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_is_ratio's collect
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("POLAR_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 

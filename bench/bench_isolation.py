@@ -21,13 +21,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
 
 from harness_recipes.runtimes import make_runtime  # noqa: E402
 from harness_recipes.tasks.task_file import Task  # noqa: E402

@@ -1,7 +1,7 @@
 """The importance ratio with a bf16 server on an accelerator and the fp32 CPU trainer (issue 25): one
 short, self-contained run (torch + transformers, no vLLM) that prints one JSON line.
 
-    python bench/gpu_is_ratio.py [--device cuda] [--dtype bf16] [--seqs 64] [--tokens 64]
+    PYTHONPATH=. python bench/gpu_is_ratio.py [--device cuda] [--dtype bf16] [--seqs 64] [--tokens 64]
 
 (with $OUT set it also writes $OUT/gpu_is_ratio.json)
 
@@ -27,13 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

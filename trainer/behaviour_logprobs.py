@@ -56,6 +56,13 @@ from trainer.row_temperature import logprob_temperature
 LOGPROBS_MODES = ("processed", "scaled")
 FIX = ("start the server with processed logprobs: `vllm serve ... --logprobs-mode processed_logprobs` "
        "(polar-serve: the same flag, `polar-serve ... --logprobs-mode processed_logprobs`)")
+# How far (in temperature-scaled logits) below the weakest token of the trainer's kept set a sampled
+# token may lie and still count as kept. Numerics move logits by ~0.01-0.03 (bf16 vs fp32, other
+# kernels): divided by a temperature of 0.6 and taken as a difference of two noisy logits that is
+# ~0.07, so 0.5 is several times the noise, yet a token that is far outside (a row whose tokens do not
+# belong to its logprobs, a wrong sampling record) stays at -inf and is masked and counted, never
+# trained as if the server could have drawn it.
+BOUNDARY_TOL = 0.5
 CHUNK = 128  # positions per (chunk, vocab) buffer: 128 x 151936 x 4 B = 78 MB
 
 
@@ -166,7 +173,8 @@ def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transf
     """(log p(token) under ``t`` per position, float32 (N,); added (N,) bool).
 
     The sampled token always counts as kept (``keep_sampled``): the server drew it, so it was in the
-    server's kept set, whatever the trainer's recomputed set says. The trainer's logits are never the
+    server's kept set, whatever the trainer's recomputed set says, when it lies within BOUNDARY_TOL of
+    the trainer's set (a token far outside stays -inf: masked and counted). The trainer's logits are never the
     server's bit for bit (bf16 vs fp32, other kernels and batch shapes), so a token at the top-k / top-p /
     min-p boundary can fall just outside the trainer's set; without this its pi_old would be -inf and its
     sequence's ratio 0 (0.2-0.4% of tokens at logit noise 0.01-0.03 with Qwen3's defaults:
@@ -186,7 +194,10 @@ def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transf
             before = z.gather(-1, tok)
             mask_logits_(z, t)
             if keep_sampled:
-                lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before)
+                # Only a token at the boundary can have left the set through numerics: within
+                # BOUNDARY_TOL (temperature-scaled logit units) of the weakest token the trainer kept.
+                weakest = torch.where(torch.isfinite(z), z, math.inf).amin(-1, keepdim=True)
+                lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before) & (before >= weakest - BOUNDARY_TOL)
                 z.scatter_(-1, tok, torch.where(lost, before, z.gather(-1, tok)))
                 added[s:s + chunk] = lost.squeeze(-1)
         out[s:s + chunk] = (z.gather(-1, tok) - z.logsumexp(-1, keepdim=True)).squeeze(-1)
