@@ -10,6 +10,7 @@ import pytest
 from mitmproxy.test import taddons, tflow
 
 from addon import call as calls
+from addon.access import OPEN_WARNING
 from addon.open_logs import Episodes, TooManyEpisodes
 from addon.polar_addon import make_addons
 from addon.redact import SECRET_KEY_SCAN, Credentials, credential_values, is_secret_key, redact_json
@@ -184,3 +185,63 @@ def test_short_learned_placeholders_are_not_scrubbed_everywhere():
     creds = Credentials()
     creds.learn(["EMPTY", "none"])
     assert creds.scrubber()("EMPTY means none") == "EMPTY means none"
+
+
+def test_weight_sync_never_adopts_the_callers_authorization(proxy, monkeypatch):
+    """The proxy's requests to the server carry polar_server_api_key, whoever calls @weights and
+    whatever Authorization the first model call or the sync request carries."""
+    addons, tctx = proxy
+    tctx.options.update(polar_server_api_key="sk-operator-key")
+    from addon.weight_hold import UpstreamWeights
+    seen = []
+
+    async def detect(self, kind_option):
+        self.kind, self.gate.version = "polar-serve", "v0"
+
+    async def sync(self, path, version, drain_s, peers_drained=True):
+        seen.append(dict(self.headers))
+        return 200, {"weight_version": version}
+    monkeypatch.setattr(UpstreamWeights, "detect", detect)
+    monkeypatch.setattr(UpstreamWeights, "sync", sync)
+    f = request(addons, "POST", "/polar/@weights", b'{"path": "/w", "version": "v1"}',
+                {CONTROL_HEADER: SECRET, "authorization": "Bearer agent-chosen"})
+    assert f.response.status_code == 200, f.response.content
+    assert seen == [{"Authorization": "Bearer sk-operator-key"}]
+    tctx.options.update(polar_server_api_key="")
+    f = request(addons, "POST", "/polar/@weights", b'{"path": "/w", "version": "v2"}',
+                {CONTROL_HEADER: SECRET, "authorization": "Bearer agent-chosen"})
+    assert f.response.status_code == 200 and seen[-1] == {}
+
+
+def test_logdir_checks(tmp_path):
+    from mitmproxy import exceptions
+
+    from addon.model_calls import check_logdir
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(exceptions.OptionsError, match="world-writable"):
+        check_logdir(str(open_dir))
+    open_dir.chmod(0o1777)  # sticky: as /tmp
+    assert check_logdir(str(open_dir)) == str(open_dir)
+    (tmp_path / "link").symlink_to(open_dir)
+    assert check_logdir(str(tmp_path / "link")) == str(open_dir)  # its real path: a later swap does not move logs
+
+
+def test_an_open_control_plane_is_warned_about_once(tmp_path, caplog):
+    addons = make_addons()
+    with taddons.context(*addons) as tctx:
+        tctx.options.update(polar_logdir=str(tmp_path / "logs"))
+        with caplog.at_level("WARNING", logger="polar"):
+            addons[0].running()
+            addons[0].running()
+        assert [r.message for r in caplog.records].count(OPEN_WARNING) == 1
+        # open: bare ids and an unauthenticated end work, as for a proxy run by hand
+        f = request(addons, "POST", "/polar/e1/end", b'{"reward": 0.5}')
+        assert f.response.status_code == 200
+    addons = make_addons()
+    with taddons.context(*addons) as tctx, caplog.at_level("WARNING", logger="polar"):
+        caplog.clear()
+        tctx.options.update(polar_logdir=str(tmp_path / "logs2"), polar_control_secret=SECRET)
+        addons[0].running()
+        assert not caplog.records
