@@ -20,6 +20,16 @@ from polar_contracts.log.table import LogError
 SECRET = new_secret()
 
 
+@pytest.fixture(autouse=True)
+def loop():
+    """One event loop per test, current while it runs (the addons' hooks are coroutines)."""
+    lp = asyncio.new_event_loop()
+    asyncio.set_event_loop(lp)
+    yield lp
+    asyncio.set_event_loop(None)
+    lp.close()
+
+
 def run(coro):
     return asyncio.get_event_loop().run_until_complete(coro)
 
