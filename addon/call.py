@@ -18,17 +18,20 @@ from polar_contracts.control import WEIGHT_VERSION_HEADER
 from . import chat, completions
 from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
 from .jsonhead import request_head
-from .redact import SECRET_KEYS, Scrubber, redact_json, secret_values, secret_values_in_bytes
+from .redact import (
+    SECRET_KEY_MATCH_MAX,
+    SECRET_KEY_SCAN,
+    Scrubber,
+    redact_json,
+    secret_values,
+    secret_values_in_bytes,
+)
 from .stream import StreamFilter, TranslatedStream
 
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
-# A secret key name as a JSON key, any case: one regex pass over the raw body (cheaper than
-# lower-casing 80 KB and searching each name).
-# Also any \u escape of a printable ASCII character: JSON encoders never write one, but a key
-# spelled "api\u005fkey" is api_key to the server; such a body is parsed and redacted whole.
-SECRET_KEY_RE = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS))
-                           + b')"|' + rb'\\u00[2-7][0-9a-f]', re.I)
-SECRET_MATCH_MAX = max(len(k) for k in SECRET_KEYS) + 2  # the longest match: a key and its quotes
+# Whether a raw body may name a credential key (redact.SecretKeyScan: one pass over the body).
+SECRET_KEY_RE = SECRET_KEY_SCAN
+SECRET_MATCH_MAX = SECRET_KEY_MATCH_MAX  # the longest match: a key and its quotes
 # A call may create at most this many rows (choices): n=200000 would be 200k rows and a 500 MB
 # log; the proxy refuses more (option polar_max_choices).
 MAX_CHOICES = 128
@@ -146,6 +149,10 @@ class CapturedCall:
     # credentials in the request's headers and query string: scrubbed from what an upstream
     # error quotes back (error text and non-2xx answers only: a 200 answer never carries them)
     header_secrets: list[str] = field(default_factory=list)
+    # every credential the proxy knows (redact.Credentials: its control secret, the upstream key,
+    # harnesses' keys, this call's capability mac), scrubbed by value from the request and answer
+    # text, errors and notes (an agent's tool result may quote them: it ran `env`)
+    known: Scrubber | None = None
     written: bool = False  # the rows are on disk (a stream's are written at its final event)
     # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
     sampling_defaults: Any = None
@@ -191,14 +198,14 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         body = loads_request(raw) if raw else None
     except ValueError as exc:  # (orjson.JSONDecodeError and json's are ValueErrors)
         call.errors.append(f"request body is not valid JSON ({exc}); passed through unmodified")
-        call.request_text = log_request_text(raw, None, secrets=call.secrets)
+        call.request_text = _known(call, log_request_text(raw, None, secrets=call.secrets))
         return None
     if call.translator is None and isinstance(body, dict):
         # the log's request text (secret scan of 80 KB) is not needed upstream: computed by
         # finish_request_text while the server works, or at the latest when the row is made
         call.pending_request = (raw, body)
     else:  # (a translator may change the body it is given)
-        call.request_text = log_request_text(raw, body, secrets=call.secrets)
+        call.request_text = _known(call, log_request_text(raw, body, secrets=call.secrets))
     if not isinstance(body, dict):
         call.errors.append(f"request body is a JSON {type(body).__name__}, not an object; passed through unmodified")
         return None
@@ -231,8 +238,13 @@ def finish_request_text(call: CapturedCall) -> None:
         raw, body = call.pending_request
         call.pending_request = None
         cache = call.clean_requests
-        call.request_text = log_request_text(raw, body, None if cache is None else
-                                             (lambda r: cache.has_secret(call.episode_id, r)), call.secrets)
+        call.request_text = _known(call, log_request_text(raw, body, None if cache is None else
+                                                          (lambda r: cache.has_secret(call.episode_id, r)),
+                                                          call.secrets))
+
+
+def _known(call: CapturedCall, text: bytes) -> bytes:
+    return text if call.known is None else call.known(text)
 
 
 def start_response(call: CapturedCall, status: int, content_type: str) -> Any:
@@ -351,6 +363,9 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
             call.response_text = hscrub(call.response_text)
     errors, notes = [scrub(e) for e in errors], [scrub(n) for n in notes]
     call.response_text = scrub(call.response_text)
+    if call.known is not None:
+        errors, notes = [call.known(e) for e in errors], [call.known(n) for n in notes]
+        call.response_text = call.known(call.response_text)
     base = dict(
         api=call.api, dialect=call.dialect, model=call.model, status=call.status, stream=call.stream,
         t_start=call.t_start, t_first_byte=call.t_first_byte, t_end=t_end, request=call.request_text,

@@ -29,6 +29,11 @@ from polar_contracts.log.writer import EpisodeFinished, EpisodeWriter
 # the previous call, so a few suffice, and each can be ~100 KB of ids.
 KEEP_RECENT = 4
 MAX_OPEN = 128  # default bound on open log descriptors (option polar_max_open_logs)
+MAX_EPISODES = 4096  # default bound on episodes open (started, not ended) at once (option polar_max_episodes)
+
+
+class TooManyEpisodes(Exception):
+    """A call or end for a new episode while ``max_episodes`` are open: refused before any file is made."""
 
 
 class EpisodeEnding(EpisodeFinished):
@@ -43,10 +48,12 @@ class _Pending:
 
 
 class Episodes:
-    def __init__(self, logdir: str | Path, fsync: bool = False, max_open: int = MAX_OPEN):
+    def __init__(self, logdir: str | Path, fsync: bool = False, max_open: int = MAX_OPEN,
+                 max_episodes: int = MAX_EPISODES):
         self.logdir = Path(logdir)
         self.fsync = fsync
         self.max_open = max(1, max_open)
+        self.max_episodes = max(1, max_episodes)
         self._writers: dict[str, EpisodeWriter] = {}
         self._open: OrderedDict[str, None] = OrderedDict()  # episodes whose writer holds an fd, LRU
         self._lost: dict[str, list[tuple[int | None, str]]] = {}  # lost before a writer could open
@@ -62,6 +69,10 @@ class Episodes:
     def _writer_locked(self, episode_id: str) -> EpisodeWriter:
         w = self._writers.get(episode_id)
         if w is None or w.finished:
+            if w is None and len(self._writers) >= self.max_episodes:
+                raise TooManyEpisodes(f"{len(self._writers)} episodes are open on this proxy, the most it keeps "
+                                      f"(option polar_max_episodes): episode {episode_id!r} is refused until some "
+                                      f"end")
             self.logdir.mkdir(parents=True, exist_ok=True)
             w = EpisodeWriter(episode_path(self.logdir, episode_id), episode_id,
                               fsync=self.fsync, keep=KEEP_RECENT)  # (closes its fd if it fails)
@@ -184,4 +195,4 @@ class Episodes:
                 pass
 
 
-__all__ = ["Episodes", "EpisodeFinished", "EpisodeEnding"]
+__all__ = ["Episodes", "EpisodeFinished", "EpisodeEnding", "TooManyEpisodes"]

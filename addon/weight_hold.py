@@ -31,6 +31,8 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from polar_contracts.log.table import LogError
+from polar_contracts.log.writer import append_line
 from polar_contracts.weight_versions import unknown
 
 from .server_weights import (
@@ -74,8 +76,10 @@ class UpstreamWeights:
     """The gate of one upstream server, its kind, and the syncs through it."""
 
     def __init__(self, base: str, kind: str | None, version: str | None, *, http: Http = urllib_http,
-                 headers: dict | None = None, logdir: str | None = None, timeout: float = 600.0):
+                 headers: dict | None = None, logdir: str | None = None, timeout: float = 600.0,
+                 scrub: Callable[[], Callable[[str], str]] | None = None):
         self.base = base.rstrip("/")
+        self.scrub = scrub  # () -> a scrubber of the credentials the proxy knows (redact.Credentials)
         self.kind = kind
         self.gate = WeightGate(version)
         self.http = http
@@ -341,10 +345,12 @@ class UpstreamWeights:
     def _record(self, rec: dict) -> None:
         if not self.logdir:
             return
+        line = json.dumps(rec, default=str) + "\n"
+        if self.scrub is not None:  # a server's error may quote a credential back
+            line = self.scrub()(line)
         try:
-            with open(os.path.join(self.logdir, SYNC_LOG), "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
-        except OSError as exc:
+            append_line(os.path.join(self.logdir, SYNC_LOG), line)
+        except (OSError, LogError) as exc:
             log.error("polar: could not append to %s: %s", SYNC_LOG, exc)
 
     def info(self) -> dict:

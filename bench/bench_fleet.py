@@ -110,7 +110,8 @@ def run_plain(args, tasks, rec, model, server_url, base: Path) -> dict:
     logdir, out = base / "run" / "logs", base / "run" / "out"
     with capture_proxy(server_url, logdir) as proxy:
         cmd = [sys.executable, "-m", "harness_recipes.cli", "run", *rollout_cmd(args, tasks, rec, model),
-               "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--recon", "none"]
+               "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
+               "--out", str(out), "--recon", "none"]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
         took = time.monotonic() - t0

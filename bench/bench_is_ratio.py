@@ -41,7 +41,7 @@ def collect(upstream: str, model_dir: Path, work: Path, groups: int, g: int, max
     from harness_recipes.node.local_stack import capture_proxy
     from polar_recon.build import Options, build
 
-    with capture_proxy(upstream, work / "logs", sets={"polar_generation_config": str(model_dir)}) as px:
+    with capture_proxy(upstream, work / "logs", control_secret=None, sets={"polar_generation_config": str(model_dir)}) as px:
         for k in range(groups):
             for e in range(g):
                 ep = f"g{k}-e{e}"

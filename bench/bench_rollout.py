@@ -127,7 +127,8 @@ def main() -> int:
         with serve(tiny_model(), script=script) as srv:
             for name, extra in modes:
                 with capture_proxy(srv.url, base / name / "logs") as proxy:
-                    results[name] = run_mode(name, extra, args, tasks, proxy.url, base)
+                    secret = ["--control-secret-file", str(proxy.secret_file)]
+                    results[name] = run_mode(name, [*extra, *secret], args, tasks, proxy.url, base)
                 print(f"{name:14} {results[name]}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

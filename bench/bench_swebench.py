@@ -129,7 +129,8 @@ def main() -> int:
         with serve(tiny_model(), script=script) as srv:
             for name, extra in modes:
                 with capture_proxy(srv.url, base / name / "logs") as proxy:
-                    results[name] = run_mode(name, extra, args, proxy.url, base)
+                    secret = ["--control-secret-file", str(proxy.secret_file)]
+                    results[name] = run_mode(name, [*extra, *secret], args, proxy.url, base)
                 print(f"{name:12} {results[name]}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -35,6 +35,7 @@ from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_reci
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
+from polar_contracts.control import read_secret_file
 from trainer.ray_join import RayJoinError
 
 
@@ -64,6 +65,10 @@ def main() -> None:
 @click.option("--recipe", required=True, help="recipe file or bundled name (pi, qwen-code, codex, claude-code, ...)")
 @task_options
 @click.option("--proxy", required=True, help="capture proxy URL, e.g. http://127.0.0.1:8080")
+@click.option("--control-secret-file", type=click.Path(dir_okay=False), default=None,
+              help="the file holding the proxy's control secret (the proxy's polar_control_secret_file, mode "
+                   "0600): episodes are ended with it and harnesses get capabilities; without it the proxy must "
+                   "have an open control plane")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
 @click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
@@ -81,8 +86,8 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, logdir, out, runtime, isolation,
-        concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
+def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, logdir, out, runtime,
+        isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
         no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     try:
@@ -92,6 +97,11 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, l
         raise click.UsageError(str(e)) from None
     _check_runtime(tasks, runtime)
     settings = ep.Settings(proxy=proxy, model=model)
+    if control_secret_file:
+        try:
+            settings.control_secret = read_secret_file(control_secret_file)
+        except ValueError as e:
+            raise click.UsageError(f"--control-secret-file: {e}") from None
     if api_key_env:
         if not os.environ.get(api_key_env):
             raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")

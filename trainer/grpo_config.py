@@ -59,6 +59,9 @@ class PolarGRPOConfig(GRPOConfig):
         "every proxy of every node holds while the server loads them once."})
     sync_dir: str | None = field(default=None, metadata={
         "help": "Where synced weights are written (default OUTPUT_DIR/polar-weights)."})
+    sync_secret_file: str | None = field(default=None, metadata={
+        "help": "sync_mode=proxy: file holding the proxy's control secret (mode 0600; default: the file in "
+                "$POLAR_CONTROL_SECRET_FILE). A proxy with a secret refuses syncs without it."})
     sync_keep: int = field(default=2, metadata={"help": "How many synced weight directories to keep."})
     lora_name: str = field(default="polar", metadata={"help": "Adapter name for sync_mode=vllm_lora."})
     served_default_temperature: float | None = field(default=None, metadata={

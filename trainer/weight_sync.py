@@ -28,6 +28,12 @@ model; the newest ``keep`` directories stay (the server may still be reading the
 A failed request is retried, then raises WeightSyncError: training on while the server serves stale
 weights would silently turn on-policy RL into off-policy RL. The API key, if any, is sent as a bearer
 token and never logged.
+
+``proxy``: a proxy with a control secret (the rollout node's always have one) refuses a sync without
+it (403). The trainer reads it from the file ``sync_secret_file`` names (config field), else from
+the file in the environment variable ``POLAR_CONTROL_SECRET_FILE`` (mode 0600; the node writes
+it), and sends it in header ``x-polar-control``. The proxy's own requests to the server carry the
+proxy's ``polar_server_api_key``, never the trainer's Authorization header.
 """
 from __future__ import annotations
 
@@ -42,7 +48,13 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from polar_contracts.control import SERVE_RELOAD_PATH, SERVE_VERSION_PATH, SYNC_PATH
+from polar_contracts.control import (
+    SERVE_RELOAD_PATH,
+    SERVE_VERSION_PATH,
+    SYNC_PATH,
+    control_headers,
+    read_secret_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +63,25 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+SECRET_FILE_ENV = "POLAR_CONTROL_SECRET_FILE"
+
+
+def sync_secret(path: str | None) -> str | None:
+    """The proxy's control secret for sync_mode=proxy: from ``path`` (config sync_secret_file), else
+    the file named by $POLAR_CONTROL_SECRET_FILE, else None (an open proxy)."""
+    path = path or os.environ.get(SECRET_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return read_secret_file(path)
+    except ValueError as exc:
+        raise WeightSyncError(str(exc)) from None
+
+
 def post_json(url: str, body: dict, *, timeout: float = 120.0, api_key: str | None = None,
-              retries: int = 2, backoff: float = 1.0) -> tuple[int, bytes]:
+              retries: int = 2, backoff: float = 1.0, headers: dict | None = None) -> tuple[int, bytes]:
     data = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(headers or {})}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     last = ""
@@ -83,8 +110,8 @@ def parse_reload_response(body: bytes, what: str = SERVE_RELOAD_PATH) -> str:
     return str(v)
 
 
-def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None, headers: dict | None = None) -> dict:
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
         d = json.loads(r.read())
     if not isinstance(d, dict):
@@ -164,7 +191,7 @@ def share_from_rank0(version: str | None, error: str | None) -> tuple[str | None
 class WeightSyncCallback(TrainerCallback):
     def __init__(self, server: str, *, every_steps: int = 1, save_dir: str | Path, mode: str = "polar",
                  lora_name: str = "polar", keep: int = 2, source=None, api_key: str | None = None,
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, control_secret: str | None = None):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r} not in {MODES}")
         if every_steps < 1 or keep < 1:
@@ -178,14 +205,17 @@ class WeightSyncCallback(TrainerCallback):
         self.source = source
         self.api_key = api_key
         self.timeout = timeout
+        # the proxy's control secret (sync_mode=proxy): sent in x-polar-control, never logged
+        self.control = control_headers(control_secret) if mode == "proxy" else {}
         self.syncs: list[dict] = []  # {step, dir, weight_version, seconds}
 
     @classmethod
     def from_config(cls, args, source=None) -> WeightSyncCallback:
 
+        secret = sync_secret(getattr(args, "sync_secret_file", None)) if args.sync_mode == "proxy" else None
         return cls(args.sync_server, every_steps=args.sync_steps, mode=args.sync_mode, lora_name=args.lora_name,
                    keep=args.sync_keep, source=source, api_key=os.environ.get("POLAR_SYNC_API_KEY"),
-                   save_dir=args.sync_dir or Path(args.output_dir) / "polar-weights")
+                   save_dir=args.sync_dir or Path(args.output_dir) / "polar-weights", control_secret=secret)
 
     def initial_version(self) -> str | None:
         """The version the server serves before the first sync (None: it could not be read)."""
@@ -199,7 +229,7 @@ class WeightSyncCallback(TrainerCallback):
                 return None
         url = self.server + (SYNC_PATH if self.mode == "proxy" else SERVE_VERSION_PATH)
         try:
-            v = get_json(url, timeout=self.timeout, api_key=self.api_key).get("weight_version")
+            v = get_json(url, timeout=self.timeout, api_key=self.api_key, headers=self.control).get("weight_version")
         except Exception as exc:  # noqa: BLE001 - training can start; the lag of old rows stays unknown
             log.warning("could not read the served weight version from %s: %s; rows of the initial weights "
                         "have no place in the sync history (dropped under max_policy_lag)", url, exc)
@@ -243,7 +273,7 @@ class WeightSyncCallback(TrainerCallback):
         if self.mode == "proxy":
             want = out.name  # step-NNNNNN: the version every row generated by these weights carries
             _, body = post_json(f"{self.server}{SYNC_PATH}", {"path": str(out), "version": want},
-                                timeout=self.timeout, api_key=self.api_key, retries=0)
+                                timeout=self.timeout, api_key=self.api_key, retries=0, headers=self.control)
             version = parse_reload_response(body, SYNC_PATH)
             if version != want:
                 raise WeightSyncError(f"the proxy answered weight_version {version!r}, not {want!r}")

@@ -83,7 +83,7 @@ from pathlib import Path
 from harness_recipes.cache import tiny_model
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.node.processes import running, venv_bin
-from polar_contracts.control import SERVE_VERSION_PATH, end_path
+from polar_contracts.control import EPISODE_HEADER, SERVE_VERSION_PATH, capability, control_headers, end_path
 from trainer.grpo_config import PolarGRPOConfig
 from trainer.grpo_trainer import PolarGRPOTrainer
 from trainer.row_temperature import generation_default
@@ -160,8 +160,9 @@ def http(method: str, url: str, body: dict | None = None, headers: dict | None =
 @contextlib.contextmanager
 def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int | None = None,
           timeout: float = 120.0):
-    """polar-serve + mitmdump/addon (+ ``polar-recon watch`` when group_size is given); yields the two URLs.
-    Logs go to WORK/logs, shards to WORK/shards, process output to WORK/*.log."""
+    """polar-serve + mitmdump/addon (+ ``polar-recon watch`` when group_size is given); yields the server's
+    URL and the proxy's Proc (``.url``, ``.secret``: its control secret). Logs go to WORK/logs, shards to
+    WORK/shards, process output to WORK/*.log."""
     logdir = work / "logs"
     recon_cmd = [venv_bin("polar-recon"), "watch", str(logdir), str(work / "shards"),
                  "--group-size", str(group_size), "--poll", "0.2"]
@@ -173,7 +174,7 @@ def stack(work: Path, model_dir: Path, dialect: str = "vllm", *, group_size: int
                                                sets={"polar_generation_config": str(model_dir)}, timeout=timeout))
         if group_size is not None:
             es.enter_context(running(recon_cmd, log=work / "recon.log"))
-        yield srv.url, proxy.url
+        yield srv.url, proxy
 
 
 # -- the agent --------------------------------------------------------------------------------------
@@ -239,8 +240,10 @@ def evaluate(cfg: LoopConfig, serve_url: str, target: str) -> float:
     return sum(rewards) / len(rewards)
 
 
-def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, result: LoopResult,
+def run_agent(cfg: LoopConfig, proxy, serve_url: str, target: str, result: LoopResult,
               errors: list) -> None:
+    """The episodes: each names itself by its capability, and is ended with the control secret."""
+    proxy_url = proxy.url
     try:
         for it in range(cfg.steps):
             deadline = time.monotonic() + cfg.timeout
@@ -255,9 +258,10 @@ def run_agent(cfg: LoopConfig, proxy_url: str, serve_url: str, target: str, resu
                 for e in range(cfg.group_size):
                     ep = f"{gid}-e{e}"
                     seed = cfg.seed * 100003 + it * 1000 + g * 100 + e  # reproducible, distinct per episode
-                    rs = run_episode(cfg, proxy_url, prompt, seed, {"x-polar-episode": ep})
+                    rs = run_episode(cfg, proxy_url, prompt, seed, {EPISODE_HEADER: capability(proxy.secret, ep)})
                     reward = score([answer_text(r) for r in rs], target)
-                    http("POST", proxy_url + end_path(ep), {"reward": reward, "metadata": {"group_id": gid}})
+                    http("POST", proxy_url + end_path(ep), {"reward": reward, "metadata": {"group_id": gid}},
+                         control_headers(proxy.secret))
                     rewards.append(reward)
             result.rewards.append(sum(rewards) / len(rewards))
             result.versions.append(v)
@@ -343,13 +347,13 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
     # The trainer's logprob temperature is the one the server sampled at (checked on every group).
     temperature = cfg.temperature if cfg.temperature is not None else generation_default(Path(cfg.model_dir))
     with stack(work, cfg.model_dir, cfg.dialect, group_size=cfg.group_size, timeout=cfg.timeout) as (serve_url,
-                                                                                                  proxy_url):
+                                                                                                  proxy):
         target, frac = (cfg.target, float("nan")) if cfg.target else calibrate(cfg, serve_url, tok)
         result = LoopResult(target, frac, arm=cfg.arm, init_seed=cfg.init_seed)
         if cfg.eval_samples and cfg.eval_before:
             result.heldout_before = evaluate(cfg, serve_url, target)
         errors: list = []
-        agent = threading.Thread(target=run_agent, args=(cfg, proxy_url, serve_url, target, result, errors),
+        agent = threading.Thread(target=run_agent, args=(cfg, proxy, serve_url, target, result, errors),
                                  daemon=True)
         agent.start()
         args = PolarGRPOConfig(

@@ -57,9 +57,11 @@ def run(cmd: list[str], timeout: float) -> None:
         raise SystemExit(f"demo: command failed with exit {proc.returncode}: {' '.join(cmd)}")
 
 
-def rollout(harness: str, proxy: str, logdir: Path, out: Path, samples: int) -> None:
+def rollout(harness: str, proxy, logdir: Path, out: Path, samples: int) -> None:
+    """polar-rollout through the capture proxy (its Proc: the URL and the control secret's file)."""
     run([sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness, "--tasks", str(TASKS),
-         "--samples", str(samples), "--proxy", proxy, "--logdir", str(logdir), "--out", str(out),
+         "--samples", str(samples), "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file),
+         "--logdir", str(logdir), "--out", str(out),
          "--concurrency", "2", "--prewarm", "2", "--recon", "none"], timeout=1800)
 
 
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy = stack.enter_context(capture_proxy(srv.url, logdir, sets={"polar_generation_config": gen}))
         print(f"{where}  <-  mitmdump {proxy.url}  (logs: {logdir})")
         step(f"polar-rollout: {recipe.name} on {TASKS}, {args.samples} samples per task")
-        rollout(recipe.name, proxy.url, logdir, out, args.samples)
+        rollout(recipe.name, proxy, logdir, out, args.samples)
     step("polar-recon build: token-faithful shards")
     run([sys.executable, "-m", "polar_recon.cli", "build", str(logdir), str(shards),
          "--group-size", str(args.samples)], timeout=600)

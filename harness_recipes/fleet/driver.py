@@ -131,6 +131,7 @@ class RolloutNode:
         self.published = 0
         self.note = "starting"
         self.urls: list[str] = []  # this node's proxies, while it runs
+        self._control: dict[str, str] = {}  # the header carrying this node's proxies' control secret
         self.proxy_pids: list[int] = []
         self.fenced: str | None = None  # why the queue refused this node's episode: it stops
 
@@ -167,7 +168,11 @@ class RolloutNode:
         with proxy_pool(cfg.server, logdir, cfg.proxies, workdir=base / "proxies", sets=cfg.proxy_sets,
                         die_with_parent=True) as pool:
             self.urls, self.proxy_pids = pool.urls, [p.pid for p in pool.procs]
-            settings = ep.Settings(proxy=pool.urls[0], proxies=tuple(pool.urls), model=cfg.model)
+            # the pool's control secret stays in this actor: the coordinator reaches the proxies
+            # through the weights_* methods below, over Ray, and never holds it
+            self._control = pool.control_headers
+            settings = ep.Settings(proxy=pool.urls[0], proxies=tuple(pool.urls), model=cfg.model,
+                                   control_secret=pool.secret)
             if cfg.api_key:
                 settings.api_key = cfg.api_key
             runtime = make_runtime(cfg.runtime, workdir=str(work), **cfg.runtime_opts)
@@ -220,22 +225,25 @@ class RolloutNode:
     async def weights_hold(self, version: str, lease_s: float, skip_first: bool) -> list[dict]:
         if not self.urls:
             return [self._not_running("hold")]
-        answers = await hold_proxies(self.urls[1:] if skip_first else self.urls, version, lease_s=lease_s)
+        answers = await hold_proxies(self.urls[1:] if skip_first else self.urls, version, lease_s=lease_s,
+                                     headers=self._control)
         return [{**a, "node": self.name} for a in answers]
 
     async def weights_lead(self, path: str, version: str, peers_drained: bool | None) -> dict:
         if not self.urls:
             return self._not_running("lead the sync")
-        return {**await lead_sync(self.urls[0], path, version, peers_drained), "node": self.name}
+        return {**await lead_sync(self.urls[0], path, version, peers_drained, headers=self._control),
+                "node": self.name}
 
     async def weights_release(self, held: list[dict], version: str, after: str | None, ok: bool,
                               keep: bool) -> list[dict]:
-        return [{**a, "node": self.name} for a in await release_proxies(held, version, after, ok, keep=keep)]
+        return [{**a, "node": self.name} for a in await release_proxies(held, version, after, ok, keep=keep,
+                                                                        headers=self._control)]
 
     async def weights_info(self) -> list[dict]:
         out = []
         for u in self.urls:
-            status, body = await urllib_http("GET", u + SYNC_PATH, None, {}, 30.0)
+            status, body = await urllib_http("GET", u + SYNC_PATH, None, self._control, 30.0)
             out.append({"proxy": u, "node": self.name, "status": status, **json.loads(body)})
         return out
 

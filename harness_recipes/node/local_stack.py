@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 from harness_recipes.cache import vllm_python
 from harness_recipes.demo.forced_replies import READY, vllm_plugin_args, vllm_plugin_env
 from harness_recipes.node.processes import Proc, free_port, running, venv_bin
+from polar_contracts.control import new_secret, write_secret_file
 
 SERVE_READY = "polar-serve listening on "
 
@@ -107,15 +110,40 @@ def mitmdump(*, upstream: str | None = None, mode: str | None = None, logdir: Pa
 
 
 @contextlib.contextmanager
+def control_secret_file(secret: str | bool | None = True) -> Iterator[tuple[str | None, Path | None]]:
+    """(secret, its file) for a proxy: True a new secret, a string that one, None/False none (an open
+    control plane). The file is 0600 in a fresh private directory, removed when the block exits;
+    hand it to mitmdump as polar_control_secret_file and to polar-rollout as --control-secret-file."""
+    secret = new_secret() if secret is True else (secret or None)
+    if secret is None:
+        yield None, None
+        return
+    d = Path(tempfile.mkdtemp(prefix="polar-control-"))  # (mode 0700)
+    path = d / "control-secret"
+    write_secret_file(path, secret)
+    try:
+        yield secret, path
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def capture_proxy(upstream: str, logdir: Path, *, confdir: Path | None = None, sets: dict | None = None,
                   log: Path | None = None, timeout: float = 60.0,
-                  echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
-    """mitmdump with the Polar addon in reverse-proxy mode in front of `upstream`."""
+                  echo: Callable[[str], None] | None = None, control_secret: str | bool | None = True) -> Iterator[Proc]:
+    """mitmdump with the Polar addon in reverse-proxy mode in front of `upstream`, with a control
+    secret (default: a new one; ``control_secret=None``: an open control plane). The Proc carries
+    ``.secret`` and ``.secret_file`` (None when open): end episodes and sync weights with it, name
+    episodes by their capability (polar_contracts.control.capability)."""
     logdir = Path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    with mitmdump(upstream=upstream, logdir=logdir, addon=addon_script(), confdir=confdir,
-                  sets={"termlog_verbosity": "warn", **(sets or {})}, log=log, timeout=timeout, echo=echo) as p:
-        yield p
+    with control_secret_file(control_secret) as (secret, sfile):
+        extra = {"polar_control_secret_file": sfile} if sfile else {}
+        with mitmdump(upstream=upstream, logdir=logdir, addon=addon_script(), confdir=confdir,
+                      sets={"termlog_verbosity": "warn", **extra, **(sets or {})}, log=log, timeout=timeout,
+                      echo=echo) as p:
+            p.secret, p.secret_file = secret, sfile
+            yield p
 
 
 @contextlib.contextmanager

@@ -16,6 +16,12 @@ of the end, a test, a tool reading the logs) finds the proxy again without share
 
 One log directory for all K is safe: an episode has one writer (its proxy), episode files are
 named by id, and ``weight-syncs.jsonl`` gets whole lines appended (O_APPEND, one write each).
+
+The K proxies share one control secret (polar_contracts/control.py), made here and handed to them
+in a file of mode 0600 in the pool's work directory (``polar_control_secret_file``): never in
+their argv or environment, which a process in a sandbox without its own pid namespace could read.
+The pool's holder (the rollout node) ends episodes and syncs weights with it (``pool.secret``,
+``pool.control_headers``) and gives each harness its episode's capability only.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from addon.weight_hold import Http, urllib_http
 from harness_recipes.node.die_with_parent import command as with_parent_death
 from harness_recipes.node.local_stack import addon_script
 from harness_recipes.node.processes import Proc, free_port, running, stop, venv_bin, wait_ready
-from polar_contracts.control import HOLD_PATH, RELEASE_PATH, SYNC_PATH
+from polar_contracts.control import HOLD_PATH, RELEASE_PATH, SYNC_PATH, control_headers, new_secret, write_secret_file
 from polar_contracts.weight_versions import unknown
 
 DEFAULT_LEASE_S = 900.0  # a held proxy releases itself after this if the coordinator is gone
@@ -191,16 +197,34 @@ async def sync_proxies(urls: Sequence[str], path: str, version: str, *, lease_s:
 class ProxyPool:
     procs: list[Proc]
     logdir: Path
+    secret: str | None = field(default=None, repr=False)  # the proxies' control secret (None: open)
+    secret_file: Path | None = None
 
     @property
     def urls(self) -> list[str]:
         return [p.url for p in self.procs]
 
+    @property
+    def control_headers(self) -> dict[str, str]:
+        return control_headers(self.secret)
+
     def for_episode(self, eid: str) -> str:
         return self.procs[pick(eid, len(self.procs))].url
 
     async def sync(self, path: str, version: str, **kw) -> SyncResult:
-        return await sync_proxies(self.urls, path, version, **kw)
+        return await sync_proxies(self.urls, path, version, **{"headers": self.control_headers, **kw})
+
+
+SECRET_FILE = "control-secret"
+
+
+def secret_file(workdir: Path, secret: str) -> Path:
+    """Write the control secret to ``workdir/control-secret`` (0600; a leftover file or a link
+    there is removed first, never followed)."""
+    path = Path(workdir) / SECRET_FILE
+    path.unlink(missing_ok=True)
+    write_secret_file(path, secret)
+    return path
 
 
 def mitmdump_cmd(upstream: str, logdir: Path, port: int, *, confdir: Path | None = None,
@@ -217,13 +241,15 @@ def mitmdump_cmd(upstream: str, logdir: Path, port: int, *, confdir: Path | None
 
 @contextlib.contextmanager
 def proxy_pool(upstream: str, logdir: Path, k: int | None = None, *, workdir: Path | None = None,
-               sets: dict | None = None, timeout: float = 60.0, die_with_parent: bool = False) -> Iterator[ProxyPool]:
+               sets: dict | None = None, timeout: float = 60.0, die_with_parent: bool = False,
+               control_secret: str | bool | None = True) -> Iterator[ProxyPool]:
     """K capture proxies in reverse mode in front of ``upstream``, all writing ``logdir``; each one's
     output goes to ``workdir/mitmdump-<i>.log`` (default: ``logdir/../proxies``). The first starts
     alone (it creates mitmproxy's CA in the shared confdir), the rest start together. Every one is
     stopped by its pid when the block exits. ``die_with_parent``: the kernel also kills them when
     this process dies without reaching that (die_with_parent.py; enter the block from a thread
-    that lives as long as they should: the death signal follows the starting thread)."""
+    that lives as long as they should: the death signal follows the starting thread).
+    ``control_secret``: True (default) a new one, a string that one, None an open control plane."""
     k = default_k() if k is None else k
     if k < 1:
         raise ValueError(f"proxies per node must be >= 1, not {k}")
@@ -232,6 +258,10 @@ def proxy_pool(upstream: str, logdir: Path, k: int | None = None, *, workdir: Pa
     workdir = Path(workdir) if workdir is not None else logdir.parent / "proxies"
     confdir = workdir / "mitmconf"
     confdir.mkdir(parents=True, exist_ok=True)
+    secret = new_secret() if control_secret is True else (control_secret or None)
+    sfile = secret_file(workdir, secret) if secret else None
+    if sfile is not None:
+        sets = {**(sets or {}), "polar_control_secret_file": sfile}
     with contextlib.ExitStack() as stack:
         procs: list[Proc] = []
 
@@ -255,4 +285,8 @@ def proxy_pool(upstream: str, logdir: Path, k: int | None = None, *, workdir: Pa
             for p in procs:
                 stop(p.proc)
             raise
-        yield ProxyPool(procs, logdir)
+        try:
+            yield ProxyPool(procs, logdir, secret, sfile)
+        finally:
+            if sfile is not None:
+                sfile.unlink(missing_ok=True)

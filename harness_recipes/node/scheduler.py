@@ -154,10 +154,10 @@ class Pipeline:
                     sandbox = await self.runtime.prepare(job.task, job.eid, self.exe,
                                                          upstream=self.settings.proxy_for(job.eid))
                     values = self._values(job, sandbox)
-                    await ep.write_config(self.recipe, sandbox, values)
+                    await ep.write_config(self.recipe, sandbox, values, self.settings)
                 async with self._phase(job, "run"):
                     env = ep.harness_env(self.recipe, values, self.settings, self._node_dir(sandbox))
-                    res = await ep.run_harness(self.recipe, sandbox, values, env, job.task.timeout)
+                    res = await ep.run_harness(self.recipe, sandbox, values, env, job.task.timeout, self.settings)
                 self._note_harness(job, res)
             async with self._phase(job, "eval"):
                 await self._evaluate(job, sandbox)
@@ -205,7 +205,8 @@ class Pipeline:
         rec.update(reward=g.reward, eval_rc=g.result.rc if g.result else None)
         if g.error:
             rec.update(status=ep.EVAL_ERROR, error=g.error)
-        end_err = await ep.post_end(self.settings.proxy_for(job.eid), job.eid, g.reward, self._metadata(job))
+        end_err = await ep.post_end(self.settings.proxy_for(job.eid), job.eid, g.reward, self._metadata(job),
+                                    secret=self.settings.control_secret)
         if end_err:
             # Without the end row the episode never counts as finished for reconstruction.
             raise RuntimeError(end_err)
@@ -232,7 +233,8 @@ class Pipeline:
         if job.phase in ("queued", "prewarm"):
             return  # the harness never ran: there is no capture log to close
         with contextlib.suppress(BaseException):
-            await asyncio.shield(ep.post_end(self.settings.proxy_for(job.eid), job.eid, 0.0, self._metadata(job), timeout=3.0))
+            await asyncio.shield(ep.post_end(self.settings.proxy_for(job.eid), job.eid, 0.0, self._metadata(job),
+                                             timeout=3.0, secret=self.settings.control_secret))
 
     async def _handoff(self, job: Job) -> None:
         """Check the capture log is complete before it is counted as ready for reconstruction."""

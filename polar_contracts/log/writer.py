@@ -7,8 +7,10 @@ same file; the reader reads concatenated streams.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -81,6 +83,37 @@ def warm_up() -> None:
     pa.array([0], type=pa.int32())
     unpack(pack(b"warm"))
 
+def _not_a_file(path: Path, st: os.stat_result) -> str:
+    what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+    return (f"{path} is {what}: an episode log is never opened through a link or as a special file (someone "
+            f"with write access to the log directory put it there; remove it)")
+
+
+def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
+    """os.open with O_NOFOLLOW (and O_CREAT's mode): a symlink planted where a log goes is refused
+    (LogError naming it), never followed, so its target is neither created nor written."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                raise exc from None
+            raise LogError(_not_a_file(Path(path), st)) from None
+        raise
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line to a log directory's JSONL file (weight-syncs.jsonl, refused.jsonl) in one
+    write (O_APPEND: whole lines from several proxies), never through a symlink."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
 class EpisodeWriter:
     """Appends rows to one episode's log. Not shared across processes; thread-safe within one."""
 
@@ -109,7 +142,7 @@ class EpisodeWriter:
         """Open the file and start a new IPC stream in it (``fresh``: only in an empty file).
         Nothing stays open when this fails (a failed open must not leak its descriptor: a full
         disk refuses the schema message)."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0), 0o644)
+        fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0))
         try:
             st = os.fstat(fd)
             if fresh and st.st_size:
@@ -123,14 +156,23 @@ class EpisodeWriter:
             raise
 
     def _recover(self) -> None:
-        if not self.path.exists() or self.path.stat().st_size == 0:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise LogError(_not_a_file(self.path, st))
+        if st.st_size == 0:
             return
         batches, good_end, torn, open_stream = read_batches(self.path)
         if torn:
             os.truncate(self.path, good_end)
         if open_stream:  # terminate the killed writer's stream so ours can follow it
-            with open(self.path, "ab") as f:
-                f.write(EOS)
+            fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, EOS)
+            finally:
+                os.close(fd)
         table = pa.Table.from_batches(batches, schema=SCHEMA) if batches else SCHEMA.empty_table()
         kinds = table.column("kind").to_pylist()
         if KIND_END in kinds:
@@ -226,7 +268,7 @@ class EpisodeWriter:
             if not self._suspended:
                 raise LogError(f"{self.path}: the log is closed")
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND)
             except FileNotFoundError:
                 self._restart("the log file was deleted while the episode was running")
             else:

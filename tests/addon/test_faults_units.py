@@ -43,7 +43,11 @@ def test_end_body_rejects_non_finite(body):
 
 
 def test_end_body_accepts_finite():
-    assert parse_end_body(b'{"reward": 1e300, "metadata": {"big": 12345678901234567890123}}')[0] == 1e300
+    assert parse_end_body(b'{"reward": 1e6, "metadata": {"big": 12345678901234567890123}}')[0] == 1e6
+    # a finite reward beyond the bound is refused (1e308 overflows the trainer's group std) unless raised
+    with pytest.raises(ControlRequestError, match="out of bounds"):
+        parse_end_body(b'{"reward": 1e300}')
+    assert parse_end_body(b'{"reward": 1e300}', max_abs_reward=1e308)[0] == 1e300
 
 
 def _call(body: bytes, **kw) -> calls.CapturedCall:

@@ -200,17 +200,25 @@ def test_invalid_episode_id_400_nothing_on_disk(stack):
     assert st == 400 and b"invalid episode id" in raw
     st, raw, _ = post(px.url + "/polar/..%2F..%2Fx/v1/chat/completions", CHAT)
     assert st == 400 and b"invalid episode id" in raw
-    assert set(p.name for p in logdir.iterdir()) == before
+    # no log file: only the refusals' own record
+    assert set(p.name for p in logdir.iterdir()) - before <= {"refused.jsonl"}
     assert not list(logdir.parent.parent.glob("**/x.arrow"))
+    refused = [json.loads(line) for line in (logdir / "refused.jsonl").read_text().splitlines()]
+    assert sum("invalid episode id" in r["reason"] and r["status"] == 400 for r in refused) >= 2
 
 
-def test_non_model_calls_pass_untouched(stack):
+def test_model_listing_passes_untouched_other_paths_refused(stack):
+    """GET /v1/models goes upstream (not logged as a call); any path that is not the model API is
+    refused by the proxy itself (403, JSON), whatever it is."""
     _, be, px, logdir = stack
-    before = {p.name: p.stat().st_size for p in logdir.iterdir()}
+    before = {p.name: p.stat().st_size for p in logdir.iterdir() if p.name != "refused.jsonl"}
     with httpx.Client() as c:
         assert c.get(px.url + "/v1/models").json() == c.get(be.url + "/v1/models").json()
-        assert c.head(px.url + "/").status_code == c.head(be.url + "/").status_code
-    assert {p.name: p.stat().st_size for p in logdir.iterdir()} == before
+        r = c.head(px.url + "/")
+        assert r.status_code == 403
+        r = c.get(px.url + "/tokenize")
+        assert r.status_code == 403 and "not a model API route" in r.json()["error"]["message"]
+    assert {p.name: p.stat().st_size for p in logdir.iterdir() if p.name != "refused.jsonl"} == before
 
 
 def test_secrets_never_logged(stack):

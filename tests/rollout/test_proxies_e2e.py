@@ -1,7 +1,8 @@
 """Two real capture proxies (mitmdump + addon, harness_recipes/node/proxies.py) in front of one real
 polar-serve, one shared log directory: many concurrent streaming episodes, each sent to its proxy by
 its id, end with complete logs holding only their own calls; a weight sync through the pool holds
-both proxies, the server loads once, and every row names the version that served it.
+both proxies, the server loads once, and every row names the version that served it. The pool has
+a control secret: calls name their episode by capability, ends and syncs carry the secret.
 
 POLAR_PROXIES_E2E_EPISODES sets the number of concurrent episodes (default 64; the issue's 512 runs
 in the benchmark bench/bench_proxies.py)."""
@@ -17,6 +18,7 @@ import pytest
 
 from harness_recipes.demo.weights import perturbed_copy
 from harness_recipes.node.proxies import pick, proxy_pool
+from polar_contracts.control import capability
 from polar_contracts.log.reader import read_episode
 from tests.support.servers import polar_serve, tiny_model_dir
 
@@ -40,19 +42,24 @@ def body(model, eid, i, max_tokens=4, **kw):
             "messages": [{"role": "user", "content": f"episode {eid} call {i}: say hi"}], **kw}
 
 
-async def stream(client: httpx.AsyncClient, url: str, eid: str, payload: dict) -> tuple[int, bytes]:
-    async with client.stream("POST", f"{url}/polar/{eid}/v1/chat/completions", json=payload) as r:
+async def stream(client: httpx.AsyncClient, pool, eid: str, payload: dict) -> tuple[int, bytes]:
+    url, cap = pool.for_episode(eid), capability(pool.secret, eid)
+    async with client.stream("POST", f"{url}/polar/{cap}/v1/chat/completions", json=payload) as r:
         return r.status_code, b"".join([c async for c in r.aiter_raw()])
+
+
+def info(pool, url: str) -> dict:
+    return httpx.get(url + "/polar/@weights", headers=pool.control_headers).json()
 
 
 async def episode(client, pool, model, eid) -> list[str]:
     """CALLS streamed calls then the end, all to the episode's proxy; the problems seen."""
     url, problems = pool.for_episode(eid), []
     for i in range(CALLS):
-        status, data = await stream(client, url, eid, body(model, eid, i))
+        status, data = await stream(client, pool, eid, body(model, eid, i))
         if status != 200 or not data.rstrip().endswith(b"data: [DONE]") or b'"error"' in data:
             problems.append(f"{eid} call {i}: HTTP {status} {data[-200:]!r}")
-    r = await client.post(f"{url}/polar/{eid}/end", json={"reward": 1.0})
+    r = await client.post(f"{url}/polar/{eid}/end", json={"reward": 1.0}, headers=pool.control_headers)
     if r.status_code != 200 or not r.json().get("ended"):
         problems.append(f"{eid} end: HTTP {r.status_code} {r.text[:200]}")
     return problems
@@ -94,7 +101,8 @@ def test_a_sync_through_the_pool_holds_both_and_loads_once(stack):
         e = f"ws-{run}-{i}"
         eids.setdefault(pick(e, 2), e)
         i += 1
-    before = [httpx.get(u + "/polar/@weights").json() for u in pool.urls]
+    assert pool.secret and pool.secret_file.stat().st_mode & 0o777 == 0o600
+    before = [info(pool, u) for u in pool.urls]
     assert len({b["weight_version"] for b in before}) == 1 and {b["state"] for b in before} == {"serving"}
     old = before[0]["weight_version"]
     syncs_before = _syncs(work)
@@ -102,16 +110,13 @@ def test_a_sync_through_the_pool_holds_both_and_loads_once(stack):
     async def go():
         async with httpx.AsyncClient(timeout=600) as client:
             # a long stream on each proxy is in flight when the sync starts
-            long = [asyncio.create_task(stream(client, pool.for_episode(e), e,
-                                               body(model, e, 0, max_tokens=120, ignore_eos=True)))
+            long = [asyncio.create_task(stream(client, pool, e, body(model, e, 0, max_tokens=120, ignore_eos=True)))
                     for e in eids.values()]
-            await _until(lambda: all(httpx.get(u + "/polar/@weights").json()["in_flight"] for u in pool.urls))
+            await _until(lambda: all(info(pool, u)["in_flight"] for u in pool.urls))
             sync = asyncio.create_task(pool.sync(str(new), "1"))
             # new calls on both proxies arrive while the sync holds them
-            await _until(lambda: all(httpx.get(u + "/polar/@weights").json()["state"] != "serving"
-                                     for u in pool.urls))
-            held = [asyncio.create_task(stream(client, pool.for_episode(e), e, body(model, e, 1)))
-                    for e in eids.values()]
+            await _until(lambda: all(info(pool, u)["state"] != "serving" for u in pool.urls))
+            held = [asyncio.create_task(stream(client, pool, e, body(model, e, 1))) for e in eids.values()]
             res = await sync
             answers = await asyncio.gather(*long, *held)
             return res, answers
@@ -119,7 +124,7 @@ def test_a_sync_through_the_pool_holds_both_and_loads_once(stack):
     res, answers = asyncio.run(go())
     assert res.ok and res.weight_version == "1", res
     assert all(s == 200 and d.rstrip().endswith(b"data: [DONE]") for s, d in answers)
-    after = [httpx.get(u + "/polar/@weights").json() for u in pool.urls]
+    after = [info(pool, u) for u in pool.urls]
     assert [(a["weight_version"], a["state"], a["syncs"]) for a in after] == [("1", "serving", 1)] * 2
     new_recs = _syncs(work)[len(syncs_before):]
     # one record per proxy: the leader's (which loaded, once) and the held one's
@@ -149,11 +154,15 @@ def _syncs(work):
 
 def test_hold_and_release_endpoints_refuse_bad_requests(stack):
     srv, pool, work, model = stack
-    url = pool.urls[1]
-    r = httpx.get(url + "/polar/@weights/hold")
+    url, h = pool.urls[1], pool.control_headers
+    r = httpx.get(url + "/polar/@weights/hold", headers=h)
     assert r.status_code == 405 and "accepts POST" in r.json()["error"]["message"]
-    r = httpx.post(url + "/polar/@weights/hold", json={"version": "9", "lease_s": -1})
+    r = httpx.post(url + "/polar/@weights/hold", json={"version": "9", "lease_s": -1}, headers=h)
     assert r.status_code == 400 and "lease_s" in r.json()["error"]["message"]
-    r = httpx.post(url + "/polar/@weights/release", json={"version": "9", "weight_version": "9", "ok": True})
+    r = httpx.post(url + "/polar/@weights/release", json={"version": "9", "weight_version": "9", "ok": True},
+                   headers=h)
     assert r.status_code == 409 and "no weight hold for version '9'" in r.json()["error"]["message"]
-    assert httpx.get(url + "/polar/@weights").json()["state"] == "serving"  # nothing was held
+    # without the secret: refused before any of that
+    r = httpx.post(url + "/polar/@weights/hold", json={"version": "9", "lease_s": 86400})
+    assert r.status_code == 403 and "x-polar-control" in r.json()["error"]["message"]
+    assert info(pool, url)["state"] == "serving"  # nothing was held

@@ -58,7 +58,8 @@ def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, r
     tag = f"{harness}-{runtime}"
     proc = subprocess.run(
         [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness, "--tasks", str(one_task(tmp_path, tag)),
-         "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--no-progress",
+         "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
+         "--out", str(out), "--no-progress",
          "--recon", "watch" if runtime == "docker" else "build", "--runtime", runtime],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]

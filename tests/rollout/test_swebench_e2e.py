@@ -30,7 +30,8 @@ def test_codex_solves_a_swebench_instance_in_its_image(docker_runtime_cls, tmp_p
         proc = subprocess.run(
             [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", "codex",
              "--tasks", f"swebench:{DATA / 'mini.jsonl'}", "--instances", INSTANCE, "--runtime", "docker",
-             "--proxy", proxy.url, "--logdir", str(logdir), "--out", str(out), "--no-progress"],
+             "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
+             "--out", str(out), "--no-progress"],
             cwd=ROOT, capture_output=True, text=True, timeout=900)
         proxy_out = proxy.output()[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness_recipes.node.local_stack import capture_proxy, serve
+from polar_contracts.control import capability, control_headers
 from polar_recon.build import Options, build
 from tests.trainer.shardkit import write_shard
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
@@ -33,6 +34,7 @@ SCRIPT = {"turns": [{"reasoning": "The user wants a greeting file.",
 
 
 def pi_call(proxy: str, episode: str, task: str) -> None:
+    """One pi-shaped call naming ``episode`` (its capability, on a proxy with a control secret)."""
     body = {**PI_FIELDS, "messages": [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": task}], "tools": [BASH]}
     req = urllib.request.Request(proxy + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
@@ -42,10 +44,10 @@ def pi_call(proxy: str, episode: str, task: str) -> None:
     assert "data: [DONE]" in text, text[-500:]
 
 
-def end(proxy: str, episode: str, reward: float, group: str) -> None:
+def end(proxy: str, episode: str, reward: float, group: str, secret: str | None = None) -> None:
     req = urllib.request.Request(f"{proxy}/polar/{episode}/end", method="POST",
                                  data=json.dumps({"reward": reward, "metadata": {"group_id": group}}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **control_headers(secret)})
     urllib.request.urlopen(req, timeout=30).read()
 
 
@@ -58,8 +60,8 @@ def pi_shards(tmp_path_factory, tiny_dir):
     script.write_text(json.dumps(SCRIPT))
     with serve(tiny_dir, script=script) as srv, capture_proxy(srv.url, work / "logs") as proxy:
         for e in range(2):
-            pi_call(proxy.url, f"g0-e{e}", f"Task {e}: create hello.txt containing hi.")
-            end(proxy.url, f"g0-e{e}", float(e), "g0")
+            pi_call(proxy.url, capability(proxy.secret, f"g0-e{e}"), f"Task {e}: create hello.txt containing hi.")
+            end(proxy.url, f"g0-e{e}", float(e), "g0", proxy.secret)
     rep = build(work / "logs", work / "shards", Options(group_size=2))
     assert sorted(rep.built) == ["g0-e0", "g0-e1"] and not rep.errors, rep
     # The proxy ran without polar_generation_config and could not probe the scripted server: the rows

@@ -132,7 +132,7 @@ def stack(request, tmp_path_factory):
         url = request.getfixturevalue("real_vllm").url
     work = tmp_path_factory.mktemp("capture")
     logdir = work / "logs"
-    with capture_proxy(url, logdir, confdir=work / "mitmconf", log=work / "mitmdump.log",
+    with capture_proxy(url, logdir, control_secret=None, confdir=work / "mitmconf", log=work / "mitmdump.log",
                        sets={"polar_dialect": "vllm"}) as px:
         yield Stack(url, px.url, logdir)
 

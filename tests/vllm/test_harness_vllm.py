@@ -133,7 +133,8 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     n = len(records(shim))
     proc = subprocess.run(
         [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness,
-         "--tasks", str(one_task(tmp_path, tag)), "--proxy", proxy.url, "--logdir", str(proxy.logdir),
+         "--tasks", str(one_task(tmp_path, tag)), "--proxy", proxy.url,
+         "--control-secret-file", str(proxy.secret_file), "--logdir", str(proxy.logdir),
          "--out", str(out), "--no-progress", "--recon", "build"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -37,7 +37,7 @@ def post(url: str, path: str, body: dict, headers: dict | None = None) -> dict:
 def collect(upstream: str, model_dir: Path, work: Path) -> Path:
     """GROUPS x GROUP_SIZE one-call episodes through the proxy, no sampling fields (the server's
     defaults apply; the proxy records them from polar_generation_config); returns the shard dir."""
-    with capture_proxy(upstream, work / "logs", sets={"polar_generation_config": str(model_dir)}) as px:
+    with capture_proxy(upstream, work / "logs", control_secret=None, sets={"polar_generation_config": str(model_dir)}) as px:
         for g in range(GROUPS):
             for e in range(GROUP_SIZE):
                 ep = f"g{g}-e{e}"

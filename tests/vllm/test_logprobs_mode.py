@@ -48,7 +48,7 @@ def test_the_probe_says_processed(vllm_url):
 
 
 def test_rows_carry_the_sampling_vllm_applied(vllm_url, tiny_model, tmp_path):
-    with capture_proxy(vllm_url, tmp_path / "logs", sets={"polar_generation_config": str(tiny_model)}) as px:
+    with capture_proxy(vllm_url, tmp_path / "logs", control_secret=None, sets={"polar_generation_config": str(tiny_model)}) as px:
         got = post(px.url, body(), "ep")
     (row,) = read_log(tmp_path / "logs" / "ep.arrow").iter_rows(named=True)
     assert row["error"] is None, row["error"]

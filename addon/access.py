@@ -1,0 +1,140 @@
+"""Who may ask the proxy what: the first addon every request meets (mitmproxy addon).
+
+It classifies the request (routing.py: a control request, a model call, or anything else), checks
+the control secret and the episode's capability (polar_contracts/control.py), bounds the body,
+and leaves the route in ``flow.metadata`` for the addon of that concern (control_plane.py,
+weight_sync.py, model_calls.py). A refused request is answered here with a JSON error, logged to
+``LOGDIR/refused.jsonl`` (refused.py) and never forwarded. Fails closed: an exception in here is
+a refusal too, never a request let through.
+
+No control secret configured: the control plane is open (anyone who reaches the proxy may end an
+episode or sync the weights), as when a user runs mitmdump by hand; the proxy warns once at start.
+The model-API allowlist applies either way.
+"""
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import ctx, exceptions, http
+
+from addon.proxy_state import ROUTE, ProxyState, error_response
+from addon.redact import credential_values
+from addon.routing import MODEL, MODELS, RouteError, claimed_episode, route
+from polar_contracts.control import (
+    CONTROL_HEADER,
+    EPISODE_HEADER,
+    MAX_CONTROL_BODY,
+    ControlRequestError,
+    read_secret_file,
+)
+
+log = logging.getLogger("polar")
+
+MAX_BODY = 64 * 1024 * 1024  # default bound on a model call's body (option polar_max_body)
+OPEN_WARNING = ("polar: the proxy's control plane is OPEN: no polar_control_secret(_file) is set, so anyone who "
+                "can reach this proxy (an agent under training, through its model API) can end any episode with "
+                "any reward and have the server load weights. Set polar_control_secret_file (the rollout node does).")
+
+
+class Access:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self._warned_open = False
+
+    def load(self, loader) -> None:
+        loader.add_option("polar_control_secret_file", str, "",
+                          "File holding the control secret (one line, mode 0600: the way a rollout node hands it "
+                          "over without putting it in argv). With a secret, control requests (/polar/<id>/end, "
+                          "/polar/@...) need it in header x-polar-control, and model calls must name their episode "
+                          "by its capability <episode_id>~<mac>; else 403. Unset: the control plane is open.")
+        loader.add_option("polar_control_secret", str, "",
+                          "The control secret itself (visible in the process's argv: prefer "
+                          "polar_control_secret_file). Never logged.")
+        loader.add_option("polar_max_body", int, MAX_BODY,
+                          "Refuse (413) a model call whose body is larger than this many bytes.")
+        loader.add_option("polar_max_control_body", int, MAX_CONTROL_BODY,
+                          "Refuse (413) a control request (episode end, weight sync) whose body is larger than "
+                          "this many bytes.")
+
+    def configure(self, updated) -> None:
+        o = ctx.options
+        for name in ("polar_max_body", "polar_max_control_body"):
+            if name in updated and getattr(o, name) < 1:
+                raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
+        if updated & {"polar_control_secret", "polar_control_secret_file"}:
+            if o.polar_control_secret and o.polar_control_secret_file:
+                raise exceptions.OptionsError("set one of polar_control_secret and polar_control_secret_file, "
+                                              "not both")
+            secret = None
+            if o.polar_control_secret_file:
+                try:
+                    secret = read_secret_file(o.polar_control_secret_file)
+                except ValueError as exc:
+                    raise exceptions.OptionsError(str(exc)) from None
+            elif o.polar_control_secret:
+                secret = o.polar_control_secret
+                if len(secret) < 16:
+                    raise exceptions.OptionsError("polar_control_secret must be at least 16 characters "
+                                                  "(polar_contracts.control.new_secret() makes one)")
+            self.state.secret = secret
+            self.state.credentials.configure("control secret", secret)
+
+    def running(self) -> None:
+        if self.state.secret is None and not self._warned_open:
+            self._warned_open = True
+            log.warning(OPEN_WARNING)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        req = flow.request
+        try:
+            self._check(flow)
+        except RouteError as exc:
+            self.refuse(flow, exc.status, str(exc))
+        except Exception as exc:  # noqa: BLE001 - fail closed: a bug here refuses, never forwards
+            log.exception("polar: access check of %s %s failed", req.method, req.path[:200])
+            self.refuse(flow, 500, f"polar proxy could not check this request ({type(exc).__name__}); it was not "
+                                   f"forwarded")
+
+    def _check(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        heads = {k: req.headers[k] for k in (EPISODE_HEADER, CONTROL_HEADER) if k in req.headers}
+        r = route(req.method, req.path, heads, ctx.options.polar_episode, self.state.secret)
+        size = len(req.raw_content or b"")
+        if r.kind in (MODEL, MODELS):
+            if size > ctx.options.polar_max_body:
+                raise RouteError(f"request body is {size} bytes; this proxy accepts at most {ctx.options.polar_max_body} "
+                                 f"(option polar_max_body)", 413)
+            # neither the capability nor any control secret goes upstream (the server may log headers)
+            req.headers.pop(EPISODE_HEADER, None)
+            req.headers.pop(CONTROL_HEADER, None)
+        elif size > ctx.options.polar_max_control_body:
+            raise RouteError(f"control request body is {size} bytes; at most {ctx.options.polar_max_control_body} "
+                             f"are accepted (option polar_max_control_body)", 413)
+        flow.metadata[ROUTE] = r
+        flow.metadata[ROUTE + "_heads"] = heads
+
+    def refuse(self, flow: http.HTTPFlow, status: int, reason: str) -> None:
+        """Answer ``status`` with ``reason`` (JSON), log the refusal; the request goes nowhere."""
+        req = flow.request
+        flow.metadata.pop(ROUTE, None)
+        flow.response = error_response(status, reason, "polar_refused")
+        if req.method.upper() == "HEAD":  # (an answer to HEAD has no body)
+            flow.response.content = b""
+        try:
+            heads = {k.lower(): v for k, v in req.headers.items()}
+            scrub = self.state.credentials.scrubber(credential_values(req.headers.fields, req.path))
+            log.warning("polar: refused %s %s (%d): %s", req.method, scrub(req.path[:200]), status, scrub(reason))
+            self.state.refused.record(ctx.options.polar_logdir, method=req.method, path=req.path, status=status,
+                                      reason=reason, episode=claimed_episode(req.path, heads), scrub=scrub)
+        except Exception:  # noqa: BLE001 - the refusal stands whether or not it could be logged
+            log.exception("polar: could not log a refusal")
+
+
+def fail_closed(access: Access, flow: http.HTTPFlow, what: str, exc: BaseException) -> None:
+    """A control addon's hook raised: answer (never forward) and log it."""
+    log.exception("polar: %s failed", what)
+    status = exc.status if isinstance(exc, ControlRequestError) else 500
+    access.refuse(flow, status, f"polar proxy could not handle this {what} ({type(exc).__name__}: {exc}); it was "
+                                f"not forwarded")
