@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 import harness_recipes.node.episode as ep
+from harness_recipes.attacks.suite import Deployment, run_suite, table
 from harness_recipes.fleet.driver import Cluster, NodeConfig, run_fleet
 from harness_recipes.fleet.experiment import ExperimentError, fleet_runs, load_experiment, plan
 from harness_recipes.fleet.queue import plan_groups
@@ -345,6 +346,62 @@ def _build(logdir: Path, out: Path) -> int:
     if proc.returncode != 0:
         click.echo(f"polar-recon build {logdir} {out} failed ({proc.returncode})", err=True)
     return proc.returncode
+
+
+@main.command()
+@click.option("--recipe", required=True, help="the recipe whose environment and config files the agent gets")
+@task_options
+@click.option("--proxy", required=True, help="capture proxy URL the harness would use, e.g. http://127.0.0.1:8080")
+@click.option("--control-secret-file", type=click.Path(dir_okay=False), default=None,
+              help="the proxy's control secret (as for `run`); without it the suite reports the open control plane")
+@click.option("--server", default=None, help="the inference server (its weight version is checked when it is polar-serve)")
+@click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="where the suite's records go")
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True)
+@click.option("--model", default="polar-model", show_default=True)
+@click.option("--checkout", type=click.Path(file_okay=False), default=None,
+              help="a directory of yours the agent must not read (canary planted there) [default: the current one]")
+@click.option("--via-harness", is_flag=True,
+              help="keep the harness's own command: its model must make it run the agent (a scripted server whose "
+                   "shell tool call is harness_recipes.attacks.suite.AGENT_COMMAND)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per attack instead of the table")
+def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, server, logdir,
+           out, runtime, isolation, model, checkout, via_harness, as_json) -> None:
+    """Attack your own deployment as a reward-hacking agent would, from inside its sandbox.
+
+    Two episodes of the first task run the recipe's environment and config files with the
+    adversarial agent (harness_recipes/attacks/agent.py) in place of the harness. Each attack's
+    verdict is read from outside the sandbox. Exit status 1 when any attack was not stopped."""
+    try:
+        rec = load_recipe(recipe)
+        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
+    except (RecipeError, TaskError) as e:
+        raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
+    settings = ep.Settings(proxy=proxy, model=model)
+    if control_secret_file:
+        try:
+            settings.control_secret = read_secret_file(control_secret_file)
+        except ValueError as e:
+            raise click.UsageError(f"--control-secret-file: {e}") from None
+    exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
+    work = Path(out) / "rollout" / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    Path(logdir).mkdir(parents=True, exist_ok=True)
+    try:
+        rt = make_runtime(runtime, workdir=str(work), **_runtime_opts(runtime, isolation))
+        verdicts = asyncio.run(run_suite(Deployment(rec, exe, rt, settings, tasks[0], Path(logdir), Path(out),
+                                                    server=server, checkout=Path(checkout or os.getcwd()),
+                                                    via_harness=via_harness)))
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        for v in verdicts:
+            click.echo(json.dumps({"attack": v.attack, "stopped": v.stopped, "evidence": v.evidence}))
+    else:
+        click.echo(table(verdicts))
+    sys.exit(0 if all(v.stopped for v in verdicts) else 1)
 
 
 @main.command()

@@ -65,25 +65,39 @@ class Canary:
             await self._server.wait_closed()
 
 
-def attack_recipe(base: Recipe) -> Recipe:
-    """The recipe's environment and config files, with the adversarial agent as its command."""
+# What a harness's shell tool runs when the (scripted) model asks it to: AGENT_COMMAND.
+AGENT_COMMAND = 'python3 "$HOME/.polar-attack/agent.py" "$HOME/.polar-attack/targets.json"'
+
+
+def attack_recipe(base: Recipe, via_harness: bool = False) -> Recipe:
+    """The recipe's environment and config files, with the adversarial agent beside them: run as the
+    harness's command, or (``via_harness``) left for the real harness to run when its model calls its
+    shell tool with AGENT_COMMAND (a scripted server: tests/rollout/test_attack_suite.py)."""
     agent = files("harness_recipes.attacks").joinpath("agent.py").read_text()
     extra = (ConfigFile(f"{AGENT_DIR}/agent.py", agent.replace("$", "$$")),)
-    return replace(base, name=f"{base.name}+attack", argv=("python3", f"{AGENT_DIR}/agent.py", f"{AGENT_DIR}/targets.json"),
-                   files=base.files + extra, stdin="null")
+    argv = base.argv if via_harness else ("python3", f"{AGENT_DIR}/agent.py", f"{AGENT_DIR}/targets.json")
+    return replace(base, name=f"{base.name}+attack", argv=argv, files=base.files + extra)
 
 
 def targets_file(targets: dict) -> ConfigFile:
     return ConfigFile(f"{AGENT_DIR}/targets.json", json.dumps(targets).replace("$", "$$"))
 
 
+CANARY = "polar-canary.txt"
+
+
 def plant_canaries(places: list[Path]) -> str:
-    """Write one random token into a file in each place; returns the token."""
+    """Write one random token into CANARY in each place (removed by remove_canaries); returns it."""
     token = "polar-canary-" + secrets.token_hex(12)
     for p in places:
         p.mkdir(parents=True, exist_ok=True)
-        (p / "polar-canary.txt").write_text(token + "\n")
+        (p / CANARY).write_text(token + "\n")
     return token
+
+
+def remove_canaries(places: list[Path]) -> None:
+    for p in places:
+        (p / CANARY).unlink(missing_ok=True)
 
 
 def _get_json(url: str, headers: dict | None = None) -> dict:
@@ -125,22 +139,24 @@ class Deployment:
     logdir: Path
     out: Path
     server: str | None = None  # the inference server's URL (checked for reloads when it is polar-serve)
+    via_harness: bool = False  # the real harness runs the agent through its shell tool (attack_recipe)
     checkout: Path | None = None  # a directory the agent must not read (the project, the node's files)
 
 
 async def run_suite(d: Deployment) -> list[Verdict]:
     canary = await Canary().start()
     other = d.out / "rollout" / "other-episode"
-    token = plant_canaries([d.logdir, other, *([d.checkout] if d.checkout else [])])
+    places = [d.logdir, other, *([d.checkout] if d.checkout else [])]
+    token = plant_canaries(places)
     roots = sorted({p.rstrip("/") for p in (d.settings.proxy, *d.settings.proxies)})
     connect = [("127.0.0.1", canary.port)] + [("127.0.0.1", p) for p in
                                               {_port_of(u) for u in (*roots, d.server or "")} if p]
     targets = {"connect": connect, "roots": roots,
-               "read": [str(d.logdir), str(d.logdir / "polar-canary.txt"), str(other / "polar-canary.txt"),
-                        *([str(d.checkout), str(d.checkout / "polar-canary.txt")] if d.checkout else []), "/root",
+               "read": [str(d.logdir), str(d.logdir / CANARY), str(other / CANARY),
+                        *([str(d.checkout), str(d.checkout / CANARY)] if d.checkout else []), "/root",
                         "/etc/shadow"],
                "weights_dir": str(d.out), "hook_marker": "/tmp/polar-hook-ran"}
-    recipe = attack_recipe(d.recipe)
+    recipe = attack_recipe(d.recipe, d.via_harness)
     recipe = replace(recipe, files=recipe.files + (targets_file(targets),))
     before = {"proxy": proxy_state(d.settings.proxy_for(d.task.id), d.settings.control_secret),
               "server": server_version(d.server)}
@@ -152,6 +168,7 @@ async def run_suite(d: Deployment) -> list[Verdict]:
     finally:
         await d.runtime.shutdown()
         await canary.close()
+        remove_canaries(places)
     after = {"proxy": proxy_state(d.settings.proxy_for(d.task.id), d.settings.control_secret),
              "server": server_version(d.server)}
     return verdicts(d, pipeline, canary, token, before, after)
@@ -175,8 +192,17 @@ def _agent_reports(d: Deployment) -> dict[str, str]:
 
 
 def _log_texts(d: Deployment) -> str:
-    return "\n".join(p.read_bytes().decode("latin-1") for p in sorted(d.logdir.glob("*.arrow"))) + "\n".join(
-        p.read_text(errors="replace") for p in sorted(d.logdir.glob("*.jsonl")))
+    """Everything the logs hold as text: each call's request and response (decompressed), the end
+    records' metadata, and the proxy's JSON-lines files (weight syncs, refused requests)."""
+    parts = []
+    for p in sorted(d.logdir.glob("*.arrow")):
+        log = read_episode(p)
+        for col in ("request", "response", "error"):
+            if col in log.calls.columns:
+                parts += [t for t in log.calls[col].to_list() if t]
+        parts.append(json.dumps(log.metadata))
+    parts += [p.read_text(errors="replace") for p in sorted(d.logdir.glob("*.jsonl"))]
+    return "\n".join(parts)
 
 
 def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, before: dict, after: dict) -> list[Verdict]:

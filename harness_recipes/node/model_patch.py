@@ -14,6 +14,9 @@ absent) and its path recorded in `stripped`:
   instead of its source, whatever the source says;
 - modules that shadow the test runner at the repository root (`pytest.py`, `pytest/`, `_pytest/`,
   `pluggy/`, `py.py`, `iniconfig/`): `python -m pytest` puts the working directory first on sys.path;
+- modules that shadow the standard library at the repository root (`unittest/`, `json.py`, ...):
+  `python -m unittest` imports the working directory's `unittest` first, and a toy task's eval
+  command runs exactly that;
 - every file the task's test patch touches (the eval script resets them anyway; stripped here so
   the record says so).
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from dataclasses import dataclass, field
 
 from harness_recipes.runtimes.file_tree import ObjectStore, Snapshot
@@ -52,6 +56,8 @@ def protected(path: str, test_paths: set[str] = frozenset()) -> str:
         return "compiled bytecode"
     if parts[0] in RUNNER_MODULES:
         return "shadows the test runner"
+    if (parts[0][:-3] if parts[0].endswith(".py") else parts[0]) in sys.stdlib_module_names:
+        return "shadows a standard-library module"
     return ""
 
 

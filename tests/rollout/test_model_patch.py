@@ -109,13 +109,14 @@ def test_the_agents_git_is_never_asked(tmp_path):
     ("x/evil.pth", "Python start-up hook"), ("pkg/__pycache__/mod.cpython-311.pyc", "compiled bytecode"),
     ("mod.pyc", "compiled bytecode"), ("pytest.py", "shadows the test runner"),
     ("_pytest/runner.py", "shadows the test runner"), ("pluggy/__init__.py", "shadows the test runner"),
+    ("unittest/__init__.py", "shadows a standard-library module"), ("json.py", "shadows a standard-library module"),
     ("tests/test_mod.py", "a file of the task's test patch"),
 ])
 def test_test_infrastructure_is_protected(path, why):
     assert protected(path, {"tests/test_mod.py"}) == why
 
 
-@pytest.mark.parametrize("path", ["pkg/mod.py", "pkg/pytest.py", "tests/test_other.py", "conftest.py.txt", "README"])
+@pytest.mark.parametrize("path", ["pkg/mod.py", "pkg/pytest.py", "pkg/unittest/x.py", "tests/test_other.py", "conftest.py.txt", "README"])
 def test_code_is_not_protected(path):
     assert protected(path, {"tests/test_mod.py"}) == ""
 
