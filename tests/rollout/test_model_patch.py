@@ -116,7 +116,8 @@ def test_test_infrastructure_is_protected(path, why):
     assert protected(path, {"tests/test_mod.py"}) == why
 
 
-@pytest.mark.parametrize("path", ["pkg/mod.py", "pkg/pytest.py", "pkg/unittest/x.py", "tests/test_other.py", "conftest.py.txt", "README"])
+@pytest.mark.parametrize("path", ["pkg/mod.py", "pkg/pytest.py", "pkg/unittest/x.py",
+                                  "tests/test_other.py", "conftest.py.txt", "README"])
 def test_code_is_not_protected(path):
     assert protected(path, {"tests/test_mod.py"}) == ""
 
