@@ -39,7 +39,7 @@ PROBE_MESSAGES = [{"role": "user", "content": "Say one word."}]
 SUM_TOL = 1e-5
 MIN_GAP = 1e-4  # logprob gap between the top two below which the temperatures cannot be told apart
 RATIO_TOL = 0.1  # |gap(T2)/gap(T1) - expected| (1 for raw, T1/T2 for processed and scaled)
-PROBE_TIMEOUT = 10.0  # seconds a call waits for a probe in flight (then it goes on with null)
+PROBE_TIMEOUT = 120.0  # default seconds per probe request (option polar_probe_timeout_s): a cold CPU vLLM is slow
 BACKOFF = (5.0, 15.0, 60.0, 300.0)  # seconds before retrying a failed probe, growing per failure
 
 

@@ -144,9 +144,15 @@ class Capture:
                           "What the upstream's logprobs are, recorded on each row: auto (probe each upstream once "
                           "before its first call, again after a weight sync or a failed connection) | processed | "
                           "raw | scaled | unknown (no probe; recorded null).")
+        loader.add_option("polar_probe_timeout_s", float, PROBE_TIMEOUT,
+                          "Seconds each logprobs-mode probe request may take. The first calls to an upstream wait "
+                          "for its probe (a row is never written before its mode is known); a probe that fails or "
+                          "times out records null, with a warning, and is retried later.")
 
     def configure(self, updated) -> None:
         o = ctx.options
+        if "polar_probe_timeout_s" in updated and not o.polar_probe_timeout_s > 0:
+            raise exceptions.OptionsError(f"polar_probe_timeout_s must be > 0 seconds, not {o.polar_probe_timeout_s}")
         if "polar_dialect" in updated and o.polar_dialect not in (*DIALECTS, "auto"):
             raise exceptions.OptionsError(f"polar_dialect must be vllm, sglang or auto, not {o.polar_dialect!r}")
         if "polar_episode" in updated:
@@ -316,8 +322,8 @@ class Capture:
                         ", ".join(c.sampling_unknown))
 
     async def _logprobs_mode(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> str | None:
-        """The upstream's logprobs mode: probed once per upstream (the first calls wait for the
-        probe, at most PROBE_TIMEOUT; then they go on and record null while it finishes)."""
+        """The upstream's logprobs mode: probed once per upstream; the calls that arrive while the
+        probe is in flight wait for it (bounded by polar_probe_timeout_s per probe request)."""
         opt = ctx.options.polar_logprobs_mode
         if opt != "auto":
             return None if opt == "unknown" else opt
@@ -332,18 +338,17 @@ class Capture:
             cache.started(base, asyncio.ensure_future(self._probe(base, c.model, headers)))
         task = cache.entry(base).task
         if task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(task), PROBE_TIMEOUT)
-            except TimeoutError:
-                log.warning("polar: the logprobs-mode probe of %s takes over %.0f s: this call records null",
-                            base, PROBE_TIMEOUT)
+            # Held until the probe answers (the server is then idle but for the probe, and a cold
+            # server's first answers may take long): a row recorded before its mode is known would
+            # carry null, and a run's first rows would disagree with its later ones.
+            await asyncio.shield(task)
         return cache.mode(base)
 
     async def _probe(self, base: str, model: str | None, headers: dict[str, str]) -> None:
         generation = self.state.logprobs_modes.entry(base).generation
         mode = None
         try:
-            mode = await asyncio.to_thread(probe_upstream, base, model, PROBE_TIMEOUT, headers)
+            mode = await asyncio.to_thread(probe_upstream, base, model, ctx.options.polar_probe_timeout_s, headers)
             if mode is None:
                 log.warning("polar: the logprobs-mode probe of %s could not tell processed, raw or scaled: rows "
                             "record logprobs_mode null until a later probe can (or set polar_logprobs_mode)", base)
