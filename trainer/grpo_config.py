@@ -42,8 +42,11 @@ class PolarGRPOConfig(GRPOConfig):
         "starts once this many were read."})
     max_realign_share: float | None = field(default=0.5, metadata={
         "help": "Exclude (counted: realign_share) episodes with a row whose re-rendered context tokens "
-        "(realign_tokens) exceed this share of the row. Rows below it train without IS correction (their "
-        "context is not what the server saw). None: no gate."})
+        "(realign_tokens) exceed this share of the row. None: no gate."})
+    realign_is: str = field(default="correct", metadata={
+        "help": "Rows with re-rendered context below the gate: 'correct' (the ratio of the sampled tokens, pi_old "
+        "on the row's context; the context differs from the served one only by a known re-render class, counted "
+        "in polar/is_realign_exempt_token_share) or 'exempt' (ratio 1: no correction for those rows)."})
     shard_max_length: int | None = field(default=None, metadata={
         "help": "Exclude (counted, logged: too_long) episodes with a row longer than this many tokens. Default: "
         "the model's max_position_embeddings. TRL truncates nothing on the rollout_func path."})
@@ -79,6 +82,8 @@ class PolarGRPOConfig(GRPOConfig):
         if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
                 and not self.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
+        if self.realign_is not in ("correct", "exempt"):
+            raise ValueError(f"realign_is {self.realign_is!r} not in ('correct', 'exempt')")
         for name in ("max_excluded_share", "max_realign_share"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:

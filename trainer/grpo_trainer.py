@@ -179,7 +179,7 @@ class PolarGRPOTrainer(GRPOTrainer):
     def _apply_behaviour_is(self, output: dict, metrics) -> None:
         """Scale the advantages by the importance ratio. Mask and count, never abort: a trainable token whose
         pi_old or mu is not finite leaves the loss (tool_mask 0; counted in the excluded share), realigned
-        rows get no correction (their context is not what the server saw: ratio 1, counted), and every
+        rows are corrected or exempt (``realign_is``; their share counted), and every
         statistic goes to TRL's metrics (docs/training.md: Metrics)."""
         behaviour = output.get("sampling_per_token_logps")
         if behaviour is None:
@@ -206,7 +206,8 @@ class PolarGRPOTrainer(GRPOTrainer):
         args = self.args
         ratio, stats, nonfinite = is_ratio_masks(old, behaviour, mask, args.vllm_importance_sampling_mode,
                                                  args.vllm_importance_sampling_clip_min,
-                                                 args.vllm_importance_sampling_clip_max, exempt=realign)
+                                                 args.vllm_importance_sampling_clip_max,
+                                                 exempt=realign if args.realign_is == "exempt" else None)
         n_bad = int(nonfinite.sum())
         if n_bad:
             output["tool_mask"] = output["tool_mask"].masked_fill(nonfinite, 0)
