@@ -32,20 +32,24 @@ from harness_recipes.demo.closed_loop import (
     stack,
 )
 from harness_recipes.node.processes import venv_bin
+from polar_contracts.control import capability, control_headers
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
 
 
-def episode(proxy: str, ep: str, gid: str, reward: float, calls: int) -> None:
+def episode(proxy, ep: str, gid: str, reward: float, calls: int) -> None:
+    """One episode through the stack's proxy (it has a control secret): calls by capability, the end
+    with the secret."""
     msgs = [{"role": "user", "content": f"Task {gid}: name a colour."}]
     r: dict = {}  # the previous call's answer
     for k in range(calls):
         if k:
             msgs += [{"role": "assistant", "content": answer_text(r)}, {"role": "user", "content": "Another one."}]
-        r = http("POST", proxy + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
-                 {"x-polar-episode": ep})
-    http("POST", f"{proxy}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}})
+        r = http("POST", proxy.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
+                 {"x-polar-episode": capability(proxy.secret, ep)})
+    http("POST", f"{proxy.url}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}},
+         control_headers(proxy.secret))
 
 
 def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
