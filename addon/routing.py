@@ -104,7 +104,9 @@ def split_prefix(path: str) -> tuple[str | None, str]:
     if not slash:  # "/polar/<id>" with nothing after it, or a query string
         raw = raw.partition("?")[0]
         tail = ""
-    return raw, "/" + tail
+    # a client that percent-encodes the capability's "~" (unreserved, but some encode it anyway);
+    # no other escape can be part of an episode id or a mac
+    return raw.replace("%7E", CAP_SEP).replace("%7e", CAP_SEP), "/" + tail
 
 
 def claimed_episode(path: str, headers: Mapping[str, str]) -> str | None:

@@ -110,6 +110,8 @@ def test_model_call_by_capability_in_header_or_prefix():
     assert (r.kind, r.episode_id, r.path) == (MODEL, "e1", "/v1/messages?beta=true")
     r = route("GET", f"/polar/{cap}/v1/models", {}, "default", SECRET)
     assert (r.kind, r.episode_id) == (MODELS, "e1")
+    r = route("POST", "/polar/" + cap.replace("~", "%7E") + CHAT, {}, "default", SECRET)  # an encoded "~"
+    assert (r.kind, r.episode_id) == (MODEL, "e1")
 
 
 @pytest.mark.parametrize("headers, path", [

@@ -82,6 +82,41 @@ def test_templates_reach_the_harness(tmp_path, end_server):
     assert not any(k.endswith(("TOKEN", "SECRET")) for k in env), "caller's environment leaked into the harness"
 
 
+@pytest.mark.parametrize("via", ["header", "path"])
+def test_a_secured_proxy_gives_the_harness_its_capability_never_the_secret(tmp_path, via):
+    """With a control secret the harness's episode name (env, config files, base URL) is the
+    episode's capability; the secret appears nowhere the harness can see, and a recipe that
+    would render it is refused."""
+    from harness_recipes.runtimes.local import LocalRuntime
+    from polar_contracts.control import capability, new_secret
+    secret = new_secret()
+    s = ep.Settings(proxy="http://p:1", control_secret=secret)
+    recipe = load_recipe(fake_recipe(tmp_path, ["noop"], via=via))
+    task = load_tasks(write_tasks(tmp_path))[0]
+    cap = capability(secret, "add0.s0")
+
+    async def go():
+        rt = LocalRuntime(isolation="none", workdir=str(tmp_path))
+        sb = await rt.prepare(task, "add0.s0", Path(recipe.install.bin))
+        values = ep.episode_vars(recipe, Path(recipe.install.bin), sb, task, "add0.s0", s)
+        await ep.write_config(recipe, sb, values, s)
+        env = ep.harness_env(recipe, values, s, None)
+        res = await ep.run_harness(recipe, sb, values, env, 30, s)
+        seen = json.loads((Path(sb.workspace) / ".fake-seen.json").read_text())
+        files = [p.read_text(errors="replace") for p in Path(sb.home).rglob("*") if p.is_file()]
+        files += [p.read_text(errors="replace") for p in Path(sb.workspace).rglob("*") if p.is_file()]
+        with pytest.raises(RuntimeError, match="control secret"):  # a recipe that would hand it over
+            ep.harness_env(recipe, {**values, "episode": secret}, s, None)
+        await sb.close()
+        return res, seen, env, files
+
+    res, seen, env, files = asyncio.run(go())
+    assert res.rc == 0 and seen["env"]["FAKE_EPISODE"] == cap
+    if via == "path":
+        assert seen["env"]["FAKE_BASE"] == f"http://p:1/polar/{cap}"
+    assert not any(secret in v for v in (*env.values(), *seen["env"].values(), *files))
+
+
 def test_no_fix_gets_reward_zero(tmp_path, end_server):
     _, (rec,), _ = run_pipeline(tmp_path, end_server, ["noop"])
     assert rec["status"] == "done" and rec["reward"] == 0.0 and rec["eval_rc"] != 0

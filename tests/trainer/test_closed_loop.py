@@ -32,23 +32,23 @@ from harness_recipes.demo.closed_loop import (
     stack,
 )
 from harness_recipes.node.processes import venv_bin
-from polar_contracts.control import EPISODE_HEADER, capability, control_headers, end_path
+from polar_contracts.control import capability, control_headers
 from tests.trainer.test_grpo_trainer import config, trainer, unpad
 
 SAMPLING = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}  # mu == the trainer's pi
 
 
 def episode(proxy, ep: str, gid: str, reward: float, calls: int) -> None:
-    """An episode through the secured proxy (a Proc: .url, .secret): named by its capability, ended
-    with the control secret."""
+    """One episode through the stack's proxy (it has a control secret): calls by capability, the end
+    with the secret."""
     msgs = [{"role": "user", "content": f"Task {gid}: name a colour."}]
     r: dict = {}  # the previous call's answer
     for k in range(calls):
         if k:
             msgs += [{"role": "assistant", "content": answer_text(r)}, {"role": "user", "content": "Another one."}]
         r = http("POST", proxy.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, **SAMPLING},
-                 {EPISODE_HEADER: capability(proxy.secret, ep)})
-    http("POST", proxy.url + end_path(ep), {"reward": reward, "metadata": {"group_id": gid}},
+                 {"x-polar-episode": capability(proxy.secret, ep)})
+    http("POST", f"{proxy.url}/polar/{ep}/end", {"reward": reward, "metadata": {"group_id": gid}},
          control_headers(proxy.secret))
 
 
