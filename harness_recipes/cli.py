@@ -91,22 +91,8 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
         isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
         no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
-    try:
-        rec = load_recipe(recipe)
-        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
-    except (RecipeError, TaskError) as e:
-        raise click.UsageError(str(e)) from None
-    _check_runtime(tasks, runtime)
-    settings = ep.Settings(proxy=proxy, model=model)
-    if control_secret_file:
-        try:
-            settings.control_secret = read_secret_file(control_secret_file)
-        except ValueError as e:
-            raise click.UsageError(f"--control-secret-file: {e}") from None
-    if api_key_env:
-        if not os.environ.get(api_key_env):
-            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
-        settings.api_key = os.environ[api_key_env]
+    rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
+                                          model, control_secret_file, api_key_env)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
     work = Path(out) / "rollout" / "work"
@@ -271,6 +257,27 @@ def _experiment(config, dry_run) -> None:
         click.echo(line)
 
 
+def _episode_setup(recipe, task_args, runtime, proxy, model, control_secret_file, api_key_env=None):
+    """(recipe, tasks, node settings) of `run` and `attack`, every bad option a usage error."""
+    try:
+        rec = load_recipe(recipe)
+        tasks = _tasks(*task_args)
+    except (RecipeError, TaskError) as e:
+        raise click.UsageError(str(e)) from None
+    _check_runtime(tasks, runtime)
+    settings = ep.Settings(proxy=proxy, model=model)
+    if control_secret_file:
+        try:
+            settings.control_secret = read_secret_file(control_secret_file)
+        except ValueError as e:
+            raise click.UsageError(f"--control-secret-file: {e}") from None
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise click.UsageError(f"--api-key-env {api_key_env}: that variable is not set or empty")
+        settings.api_key = os.environ[api_key_env]
+    return rec, tasks, settings
+
+
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
     if runtime == "local":
         return {"isolation": isolation, "keep": keep} if keep else {"isolation": isolation}
@@ -373,18 +380,8 @@ def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy
     Two episodes of the first task run the recipe's environment and config files with the
     adversarial agent (harness_recipes/attacks/agent.py) in place of the harness. Each attack's
     verdict is read from outside the sandbox. Exit status 1 when any attack was not stopped."""
-    try:
-        rec = load_recipe(recipe)
-        tasks = _tasks(tasks_path, swebench, repos, instances, limit)
-    except (RecipeError, TaskError) as e:
-        raise click.UsageError(str(e)) from None
-    _check_runtime(tasks, runtime)
-    settings = ep.Settings(proxy=proxy, model=model)
-    if control_secret_file:
-        try:
-            settings.control_secret = read_secret_file(control_secret_file)
-        except ValueError as e:
-            raise click.UsageError(f"--control-secret-file: {e}") from None
+    rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
+                                          model, control_secret_file)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     work = Path(out) / "rollout" / "work"
     work.mkdir(parents=True, exist_ok=True)
