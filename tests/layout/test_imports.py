@@ -170,3 +170,13 @@ def test_every_entry_point_names_a_module_that_exists():
     for group, mods in entry_point_groups().items():
         for mod in mods:
             assert importlib.util.find_spec(mod) is not None, f"setup.cfg entry point group {group}: no module {mod}"
+
+
+def test_every_package_is_in_the_wheel():
+    """A package directory setup.cfg does not list is left out of the wheel (and fails only there)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    listed = {line.strip() for line in cfg.get("options", "packages").splitlines() if line.strip()}
+    found = {("polar_data" if d.parts[0] == "data" else ".".join(d.parts))
+             for pkg, path in package_files() for d in [path.parent.relative_to(REPO)] if (path.parent / "__init__.py").exists()}
+    assert found <= listed, f"package directories setup.cfg [options] packages does not list: {sorted(found - listed)}"
