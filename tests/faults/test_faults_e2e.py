@@ -453,8 +453,8 @@ def test_sigterm_writes_interrupted_row_before_end_record(tmp_path):
     kinds = [r["kind"] for r in rows_of(log_of(logdir, e))]
     assert kinds == ["call", "end"], kinds
     assert "shut down" in read_log(log_of(logdir, e))["error"][0]
-    # No traceback of the addon's. CPython 3.11's asyncio prints one CancelledError traceback per
-    # connection cut at exit (streams.py's client_connected_cb callback calls task.exception() on
-    # a cancelled task; fixed in 3.12): bare mitmdump prints it too, so it is the only one allowed.
-    assert out.count("Traceback") == out.count('asyncio/streams.py", line 249, in callback'), out
+    # No traceback at all: not the addon's, and not CPython 3.11's asyncio one per connection cut at
+    # exit (streams.py's client_connected_cb callback; bare mitmdump prints it), which the addon's
+    # quiet shutdown drops (mitmproxy_patches.py).
+    assert "Traceback" not in out, out
     assert "could not log" not in out and "polar:" not in out, out
