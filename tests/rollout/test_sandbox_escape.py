@@ -31,7 +31,7 @@ import harness_recipes.node.episode as ep
 from harness_recipes.cache import polar_cache
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.tasks.task_file import Task
-from polar_contracts.control import EPISODE_HEADER
+from polar_contracts.control import EPISODE_HEADER, capability
 from polar_contracts.log.reader import LogError, read_episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,9 @@ def probe(runtime: str, stack, tmp_path: Path, monkeypatch) -> tuple[dict, dict,
             api = sb.api_base(proxy.url)
             spec = {"ports": {"canary": canary.port, "proxy": proxy.port, "server": int(urlsplit(srv.url).port),
                               "ray_gcs": gcs.port},
-                    "abstract": abstract_name, "api": api, "api_port": urlsplit(api).port, "episode": eid,
+                    "abstract": abstract_name, "api": api, "api_port": urlsplit(api).port,
+                    # what the harness gets: its episode's capability (the proxy has a control secret)
+                    "episode": capability(proxy.secret, eid),
                     "header": EPISODE_HEADER, "host_marker_reversed": marker[::-1],
                     "paths": {"checkout": str(ROOT / "pyproject.toml"), "logdir": str(logdir / "canary.txt"),
                               "out": str(out / "rollout" / "episodes.jsonl"),
@@ -201,7 +203,7 @@ def probe(runtime: str, stack, tmp_path: Path, monkeypatch) -> tuple[dict, dict,
         host_proc.wait()
     hits = {"canary": canary.hits, "ray_gcs": gcs.hits, "abstract": abstract.hits}
     found["isolation"] = isolation
-    assert asyncio.run(ep.post_end(proxy.url, eid, 1.0, {"isolation": isolation})) == ""
+    assert asyncio.run(ep.post_end(proxy.url, eid, 1.0, {"isolation": isolation}, secret=proxy.secret)) == ""
     deadline = time.monotonic() + 10
     while True:
         try:

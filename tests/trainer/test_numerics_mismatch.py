@@ -12,7 +12,7 @@ import torch
 
 from tests.trainer.shardkit import Sampler, row, write_shard
 from tests.trainer.test_grpo_trainer import config, trainer
-from trainer.behaviour_logprobs import Transform, mask_logits_, sampled_token_logprobs, token_logprobs
+from trainer.behaviour_logprobs import BOUNDARY_TOL, Transform, mask_logits_, sampled_token_logprobs, token_logprobs
 from trainer.is_correction import is_ratio_masks
 from trainer.row_exclusions import ExcludedShareError, ExclusionLedger, resolve_row
 
@@ -33,22 +33,33 @@ def logged(t, key: str) -> list[float]:
 
 # -- units -------------------------------------------------------------------------------------------
 
-def test_sampled_token_is_always_kept():
+def test_a_sampled_token_at_the_boundary_is_kept_and_one_far_outside_is_not():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 200, generator=g) * 2
     t = Transform(0.6, 20, 0.95)
     z = logits / 0.6
     kept = torch.isfinite(mask_logits_(z.clone(), t))
+    weakest = torch.where(kept, z, math.inf).amin(-1)
     inside = torch.stack([row.nonzero()[0, 0] for row in kept])  # a kept token per position
-    outside = torch.stack([(~row).nonzero()[0, 0] for row in kept])  # a masked one
-    for toks, out_of_set in ((inside, False), (outside, True)):
-        lp, added = sampled_token_logprobs(logits, toks, t)
-        assert bool(added.all()) == out_of_set and torch.isfinite(lp).all()
-        # renormalised over the trainer's kept set plus the sampled token
-        want = torch.stack([torch.where(kept[i] | (torch.arange(200) == toks[i]), z[i], -math.inf).log_softmax(-1)[toks[i]]
-                            for i in range(64)])
-        assert torch.allclose(lp, want, atol=1e-5)
-    old = token_logprobs(logits, outside, t, keep_sampled=False)  # the old rule
+    # a masked token within BOUNDARY_TOL of the weakest kept one (numerics), and the least likely one
+    near_ok = [(~kept[i]) & (z[i] >= weakest[i] - BOUNDARY_TOL) for i in range(64)]
+    rows = [i for i in range(64) if near_ok[i].any()]
+    assert len(rows) >= 16, "the fixture must have boundary tokens to test"
+    near = torch.stack([near_ok[i].nonzero()[0, 0] for i in rows])
+    far = z.argmin(-1)
+    assert bool((z.gather(-1, far[:, None]).squeeze(-1) < weakest - BOUNDARY_TOL).all())
+    lp, added = sampled_token_logprobs(logits[rows], near, t)
+    assert bool(added.all()) and torch.isfinite(lp).all()
+    # renormalised over the trainer's kept set plus the sampled token
+    want = torch.stack([torch.where(kept[i] | (torch.arange(200) == tok), z[i], -math.inf).log_softmax(-1)[tok]
+                        for i, tok in zip(rows, near.tolist())])
+    assert torch.allclose(lp, want, atol=1e-5)
+    # far outside the set: not numerics but a row whose tokens do not fit its logprobs: -inf (masked, counted)
+    lp_far, added_far = sampled_token_logprobs(logits, far, t)
+    assert not bool(added_far.any()) and torch.isneginf(lp_far).all()
+    lp_in, added_in = sampled_token_logprobs(logits, inside, t)
+    assert not bool(added_in.any()) and torch.isfinite(lp_in).all()
+    old = token_logprobs(logits[rows], near, t, keep_sampled=False)  # the old rule
     assert torch.isneginf(old).all()
     # tokens inside the set: the same value under both rules (the exact vLLM distribution)
     assert torch.equal(token_logprobs(logits, inside, t), token_logprobs(logits, inside, t, keep_sampled=False))
