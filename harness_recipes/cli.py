@@ -40,6 +40,14 @@ from polar_contracts.control import read_secret_file
 from trainer.ray_join import RayJoinError
 
 
+def runtime_options(f):
+    """--runtime and --isolation, the same for run, fleet and attack."""
+    f = click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
+                     help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
+                          "every episode marked so. The docker runtime is always isolated (--network none)")(f)
+    return click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)(f)
+
+
 def task_options(f):
     """The task options `run` and `fleet` share (the same task files on one machine or a fleet)."""
     for opt in reversed([
@@ -72,10 +80,7 @@ def main() -> None:
                    "have an open control plane")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
-@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
-@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
-              help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
-                   "every episode marked so. The docker runtime is always isolated (--network none)")
+@runtime_options
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
 @click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
@@ -132,10 +137,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
               help="attempts of a group whose node dies before it is given up")
 @click.option("--node-dir", default="", help="working directory on each node [default: $TMPDIR/polar-fleet]")
 @click.option("--resume", is_flag=True, help="continue the run the store holds: skip finished episodes, retry the rest")
-@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
-@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
-              help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
-                   "every episode marked so. The docker runtime is always isolated (--network none)")
+@runtime_options
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once per node")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
 @click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
@@ -364,8 +366,7 @@ def _build(logdir: Path, out: Path) -> int:
 @click.option("--server", default=None, help="the inference server (its weight version is checked when it is polar-serve)")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="where the suite's records go")
-@click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)
-@click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True)
+@runtime_options
 @click.option("--model", default="polar-model", show_default=True)
 @click.option("--checkout", type=click.Path(file_okay=False), default=None,
               help="a directory of yours the agent must not read (canary planted there) [default: the current one]")
