@@ -17,23 +17,24 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	# torch first and exactly: the CPU wheel on disk, never a CUDA build.
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[test]'
+	# every other package at the version of constraints.txt (a frozen working install)
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test]'
 	$(VENV)/bin/pip check
 	touch $(STAMP)
 
 # The real vLLM (CPU build, requirements-vllm.txt) in its own environment, built once and kept in the cache.
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements-vllm.txt
+$(VLLM_STAMP): requirements-vllm.txt constraints-vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt -r requirements-vllm.txt
 	# vLLM pulls CUDA builds of these, which break `import vllm`; a text model needs none of them.
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
