@@ -251,7 +251,9 @@ def _openapi_schema(schema):
 
 
 def convert_tools(body: dict, notes: list[str]) -> list[dict]:
-    tools = body.get("tools") or ()
+    tools = body.get("tools")
+    if tools is None:
+        return []
     if not isinstance(tools, list):
         raise TranslationError("tools must be a list of Tool objects")
     out = []
