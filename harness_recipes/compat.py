@@ -32,7 +32,8 @@ SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 SUBAGENT_TOOLS = ("task", "Task", "Agent", "invoke_agent", "spawn_agent", "dispatch_agent", "delegate")
 COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools declared / tool calls resent",
            "Thinking resent", "Title call (no tools)", "Sub-agent tool", "Compaction (this run)",
-           "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes", "Segments", "Reward")
+           "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes",
+           "Segments", "Reward")
 BEGIN, END = "<!-- compat-matrix:begin -->", "<!-- compat-matrix:end -->"
 
 
