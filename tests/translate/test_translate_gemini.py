@@ -296,3 +296,12 @@ def test_a_body_that_is_not_an_object_and_a_json_array_stream_are_refused():
         to_chat([USER])
     with pytest.raises(TranslationError, match="alt=sse"):
         to_chat({"contents": [USER]}, "/v1beta/models/m:streamGenerateContent")
+
+
+def test_the_gemini_api_key_counts_as_a_credential_in_header_and_query():
+    from addon.redact import credential_values
+    found = credential_values([(b"x-goog-api-key", b"hdr-secret-1")],
+                              "/v1beta/models/m:generateContent?alt=sse&key=qry-secret-2")
+    assert {"hdr-secret-1", "qry-secret-2"} <= set(found)
+    # a parameter merely named like something else is not taken for one
+    assert credential_values([], "/v1beta/models/m:generateContent?alt=sse&monkey=x") == []
