@@ -25,8 +25,9 @@ from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / "data" / "tasks"
+from polar_contracts.assets import data_path
+
+TASKS = data_path("tasks")
 SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 # Tool names harnesses give their sub-agent launcher.
 SUBAGENT_TOOLS = ("task", "Task", "Agent", "invoke_agent", "spawn_agent", "dispatch_agent", "delegate")
@@ -115,7 +116,7 @@ def run_recipe(name: str, proxy, logdir: Path, work: Path, markers, echo=print) 
         [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", name, "--tasks", str(_task_file(work, name)),
          "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
          "--out", str(out), "--no-progress", "--recon", "build"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: polar-rollout failed ({proc.returncode}): {proc.stderr[-3000:]}")
     (rec,) = [json.loads(x) for x in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
