@@ -90,7 +90,7 @@ def observe(recipe, log, ep, markers, rec: dict) -> dict[str, str]:
         "API on the wire": ", ".join(sorted({r["api"] for r in rows})),
         "Streams": "yes" if all(r["stream"] for r in agent) else ("some" if any(r["stream"] for r in agent) else "no"),
         "Tools declared / tool calls resent": f"{len(tools)} / {'yes' if resent_calls else 'no'}",
-        "Title call (no tools)": "yes" if len(with_tools) < len(agent) else "no",
+        "Title call (no tools)": "yes" if with_tools and len(with_tools) < len(agent) else "no",
         "Thinking resent": "yes" if thinking else "no",
         "Sub-agent tool": ", ".join(f"`{t}`" for t in subagent) or "none",
         "Compaction (this run)": "history shrank" if compacted else "not triggered",
