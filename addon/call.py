@@ -28,7 +28,7 @@ from .redact import (
 )
 from .stream import StreamFilter, TranslatedStream
 
-API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat}
+API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat, "gemini": chat}
 # Whether a raw body may name a credential key (redact.SecretKeyScan: one pass over the body).
 SECRET_KEY_RE = SECRET_KEY_SCAN
 SECRET_MATCH_MAX = SECRET_KEY_MATCH_MAX  # the longest match: a key and its quotes
@@ -214,6 +214,8 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         chat_body = call.translator.request_to_chat(body, headers)
         call.notes.extend(call.translator.notes)
         call.auxiliary = bool(call.translator.auxiliary)
+        if call.model is None and isinstance(chat_body.get("model"), str):
+            call.model = chat_body["model"]  # (the Gemini API names the model in the path)
         call.plan = plan_request("chat", call.dialect, chat_body)
         call.stream = call.plan.stream
         check_choices(call)

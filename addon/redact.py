@@ -21,6 +21,9 @@ REDACTED = "[redacted]"
 
 # Lower-case names. Headers and JSON keys with these names never reach a log.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"})
+# Query parameters that carry a credential under a name too generic for SECRET_KEY_PATTERN: the
+# Gemini API's `?key=<API key>` (a JSON body's "key" is not one).
+QUERY_SECRET_NAMES = frozenset({"key"})
 SECRET_KEYS = frozenset({"api_key", "api-key", "apikey", "x-api-key", "authorization", "access_token"})
 # A credential's key name (matched whole, any case): one of these words, optionally after any
 # prefix ending in - _ or . (client_secret, x-goog-api-key, aws.secret). Singular "token" only:
@@ -103,7 +106,8 @@ def credential_values(fields, path: str = "") -> list[str]:
                 out.append(token.strip())
     if "?" in path:
         for m in _QUERY_SECRET.finditer(path.partition("?")[2].partition("#")[0]):
-            if is_secret_key(unquote_plus(m.group(1))) and m.group(2):
+            name = unquote_plus(m.group(1))
+            if (is_secret_key(name) or name.lower() in QUERY_SECRET_NAMES) and m.group(2):
                 out.extend({m.group(2), unquote_plus(m.group(2))})
     return out
 

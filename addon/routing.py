@@ -6,7 +6,8 @@ Every request is one of:
   sync endpoints, polar_contracts/control.py). Answered by the proxy itself, never forwarded. With a
   control secret configured it must carry it in ``x-polar-control``, else 403.
 - a model-API call the proxy captures (``MODEL_ROUTES``, and the translated APIs'
-  ``polar_contracts.translate`` routes: POST chat/completions, completions, responses, messages),
+  ``polar_contracts.translate`` routes: POST chat/completions, completions, responses, messages,
+  Gemini ``/v1beta/models/<model>:generateContent`` and ``:streamGenerateContent``),
   or the model listing ``GET /v1/models[/<id>]``. Its episode: header ``x-polar-episode``, then
   the path prefix ``/polar/<episode>/`` (stripped before forwarding), then the ``polar_episode``
   option. With a control secret configured the episode must be named by its capability
@@ -155,7 +156,8 @@ def route(method: str, path: str, headers: Mapping[str, str], default_episode: s
         return Route(eid, rest, is_end=True, kind=END_KIND, mac=mac)
     if not is_model_route(method, rest):
         raise RouteError(f"{method} {_bare(rest)[:200]} is not a model API route: this proxy forwards only "
-                         f"POST chat/completions, completions, responses, messages and GET /v1/models", 403)
+                         f"POST chat/completions, completions, responses, messages, Gemini "
+                         f"models/<model>:generateContent | :streamGenerateContent and GET /v1/models", 403)
     kind = MODELS if is_models_listing(method, rest) else MODEL
     header = headers.get(EPISODE_HEADER)
     named = [(v, s) for v, s in ((header, f"header {EPISODE_HEADER}"), (prefixed, "path prefix /polar/<id>/"))

@@ -22,7 +22,7 @@ import numpy as np
 from polar_contracts.chat.render import RequestError, render_rules, render_text
 from polar_contracts.log.arrays import Call, Episode
 from polar_contracts.sampling_fields import combine
-from polar_contracts.translate import messages_to_chat, responses_to_chat
+from polar_contracts.translate import gemini_to_chat, messages_to_chat, responses_to_chat
 from polar_contracts.weight_versions import is_marker
 
 from .fidelity import context_alignment, reason_of, span_tokens
@@ -344,9 +344,9 @@ def as_chat_request(request: dict[str, Any], api: str | None) -> dict[str, Any]:
     """The chat-completions body the server rendered. Responses and Messages requests go through
     the translators the capture proxy runs (polar_contracts.translate), so reconstruction renders
     exactly what the proxy sent upstream."""
-    if api not in ("responses", "messages"):
+    to_chat = {"responses": responses_to_chat, "messages": messages_to_chat, "gemini": gemini_to_chat}.get(api or "")
+    if to_chat is None:
         return request
-    to_chat = responses_to_chat if api == "responses" else messages_to_chat
     try:
         return to_chat(request)
     except ValueError as exc:

@@ -16,7 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-APIS = ("chat", "completions", "responses", "messages")
+APIS = ("chat", "completions", "responses", "messages", "gemini")
 INSTALL_KINDS = ("npm", "pip", "none")
 EPISODE_VIA = ("header", "path")
 # What every template may name. Filled by `episode_vars` for each episode.

@@ -9,6 +9,8 @@ errors, the stream's life: start, steps, upstream error chunk, abort, end).
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import os
 from collections.abc import Mapping
@@ -39,6 +41,26 @@ def dumps(obj) -> bytes:
 def sse(event: str, data: dict) -> bytes:
     """One named SSE event (both APIs name every event and repeat the name as data.type)."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+# Exact reasoning text carried through an API's opaque field (Responses' encrypted_content, Gemini's
+# thoughtSignature): harnesses resend that field untouched but not always the reasoning itself, and
+# the template must see the reasoning the model sampled again for the next prompt to extend it.
+ENC_PREFIX = "polar:v1:"
+
+
+def encode_reasoning(text: str) -> str:
+    return ENC_PREFIX + base64.b64encode(text.encode()).decode()
+
+
+def decode_reasoning(blob) -> str | None:
+    """The reasoning text of a blob encode_reasoning made; None for anything else (someone else's)."""
+    if not isinstance(blob, str) or not blob.startswith(ENC_PREFIX):
+        return None
+    try:
+        return base64.b64decode(blob[len(ENC_PREFIX):], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
 def join_notes(notes: list[str], note: str) -> None:

@@ -24,15 +24,16 @@ function_call_output without its function_call, and input item types with no cha
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 
-from polar_contracts.translate.common import (
+from polar_contracts.translate.common import (  # noqa: F401 - ENC_PREFIX, decode_reasoning re-exported
+    ENC_PREFIX,
     ChatTranslator,
     TranslationError,
     copy_set_fields,
+    decode_reasoning,
     dumps,
+    encode_reasoning,
     first_choice,
     forced_tool,
     function_tool,
@@ -45,7 +46,6 @@ from polar_contracts.translate.common import (
     usage_counts,
 )
 
-ENC_PREFIX = "polar:v1:"
 PASS_THROUGH = ("temperature", "top_p", "parallel_tool_calls", "user")
 # Fields that steer OpenAI's own service (state, caching, tracing) and have no chat meaning here.
 DROPPED = ("store", "include", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
@@ -54,19 +54,6 @@ DROPPED = ("store", "include", "prompt_cache_key", "prompt_cache_retention", "sa
 # Recorded on the row (translator.metadata), not forwarded.
 METADATA = ("metadata", "client_metadata")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
-
-
-def encode_reasoning(text: str) -> str:
-    return ENC_PREFIX + base64.b64encode(text.encode()).decode()
-
-
-def decode_reasoning(blob) -> str | None:
-    if not isinstance(blob, str) or not blob.startswith(ENC_PREFIX):
-        return None
-    try:
-        return base64.b64decode(blob[len(ENC_PREFIX):], validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return None
 
 
 def _parts_text(content, where: str) -> str:

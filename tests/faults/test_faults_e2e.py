@@ -400,13 +400,18 @@ def test_rewritten_bytes_keep_floats_ids_and_sse_fields(stack):
     assert sent["seed"] == big and sent["logprobs"] is True
 
 
-# ---- 11. malformed Messages / Responses requests -------------------------------------------------
+# ---- 11. malformed Messages / Responses / Gemini requests -------------------------------------------------
 
 @pytest.mark.parametrize("path,body,shape", [
     ("/v1/responses", {"model": "m", "input": "hi", "tools": "x"}, "openai"),
     ("/v1/responses", {"model": "m", "input": "hi", "text": 1}, "openai"),
     ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
                       "tools": [1]}, "anthropic"),
+    ("/v1beta/models/m:streamGenerateContent?alt=sse",
+     {"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AA"}}]}]}, "gemini"),
+    ("/v1beta/models/m:generateContent", {"contents": [{"role": "user", "parts": "hi"}]}, "gemini"),
+    ("/v1beta/models/m:generateContent", {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+                                          "tools": [{"functionDeclarations": [1]}]}, "gemini"),
 ])
 def test_malformed_translated_requests_get_400(stack, path, body, shape):
     up, px, logdir = stack
@@ -416,6 +421,9 @@ def test_malformed_translated_requests_get_400(stack, path, body, shape):
     obj = json.loads(out)
     if shape == "anthropic":
         assert obj["type"] == "error" and obj["error"]["type"] == "invalid_request_error"
+    elif shape == "gemini":
+        assert obj["error"]["code"] == 400 and obj["error"]["status"] == "INVALID_ARGUMENT", obj
+        assert "parts" in obj["error"]["message"] or "malformed request" in obj["error"]["message"], obj
     else:
         assert "malformed request" in obj["error"]["message"]
 

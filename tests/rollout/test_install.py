@@ -9,7 +9,7 @@ from harness_recipes.recipes.install import bin_path, ensure_installed, installe
 from harness_recipes.recipes.recipe import bundled_names, load_recipe
 
 EXPECT = {"codex": "0.171.0", "claude-code": "2.1.197", "qwen-code": "0.15.10", "pi": "0.73.1",
-          "mini-swe-agent": "2.4.6", "aider": "0.86.2"}
+          "mini-swe-agent": "2.4.6", "aider": "0.86.2", "gemini-cli": "0.61.0", "opencode": "1.18.33"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))

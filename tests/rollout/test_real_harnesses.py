@@ -1,4 +1,4 @@
-"""The real harness CLIs (the four npm ones, mini-swe-agent, aider) through mitmdump + the Polar addon + polar-serve (scripted).
+"""The real harness CLIs (the six npm ones, mini-swe-agent, aider) through mitmdump + the Polar addon + polar-serve (scripted).
 
 For each harness, `polar-rollout run` on the fix-add sample task must: fix the bug (the task's
 file change happened, its test passes: reward 1.0), leave a finished capture log where every
@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "data" / "tasks"
 SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 CASES = [("pi", "local"), ("qwen-code", "local"), ("codex", "local"), ("claude-code", "local"), ("pi", "docker"),
+         ("gemini-cli", "local"), ("opencode", "local"),
          # PyPI harnesses; both reach the proxy by the /polar/<id>/ path prefix (litellm sends no custom header).
          ("mini-swe-agent", "local"), ("aider", "local")]
 MIN_CALLS = {"aider": 1}  # aider answers with one edit block; the others fix, test, then answer

@@ -5,13 +5,15 @@ import pytest
 
 from harness_recipes.recipes.recipe import TEMPLATE_VARS, RecipeError, bundled_names, load_recipe, parse_recipe
 
-NPM = {"codex": "0.171.0", "claude-code": "2.1.197", "qwen-code": "0.15.10", "pi": "0.73.1"}
+NPM = {"codex": "0.171.0", "claude-code": "2.1.197", "qwen-code": "0.15.10", "pi": "0.73.1", "gemini-cli": "0.61.0",
+       "opencode": "1.18.33"}
 VALUES = {k: f"v-{k}" for k in TEMPLATE_VARS} | {"base_url": "http://127.0.0.1:9", "episode": "ep.1",
                                                   "episode_header": "x-polar-episode"}
 
 
-def test_all_six_recipes_are_bundled_and_load():
-    assert {"codex", "claude-code", "qwen-code", "pi", "mini-swe-agent", "aider"} <= set(bundled_names())
+def test_all_eight_recipes_are_bundled_and_load():
+    assert {"codex", "claude-code", "qwen-code", "pi", "mini-swe-agent", "aider", "gemini-cli",
+            "opencode"} <= set(bundled_names())
     for name in bundled_names():
         r = load_recipe(name)
         assert r.name == name
@@ -48,6 +50,34 @@ def test_rendered_config_files_parse():
     env = load_recipe("claude-code").render_env(VALUES)
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "x-polar-episode: ep.1"
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+
+def test_gemini_cli_and_opencode_configs():
+    r = load_recipe("gemini-cli")
+    assert r.api == "gemini" and r.episode_via == "path"
+    env = r.render_env(VALUES | {"base_url": "http://127.0.0.1:9/polar/ep.1"})
+    assert env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:9/polar/ep.1"  # the SDK appends /v1beta/...
+    assert env["GEMINI_API_KEY"] == VALUES["api_key"] and env["GEMINI_TELEMETRY_ENABLED"] == "false"
+    (path, content), = r.render_files(VALUES)
+    settings = json.loads(content)
+    assert settings["telemetry"]["enabled"] is False and settings["privacy"]["usageStatisticsEnabled"] is False
+    assert settings["general"]["enableAutoUpdate"] is False
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    argv = r.render_argv(VALUES)
+    assert "--yolo" in argv and argv[argv.index("--prompt") + 1] == VALUES["prompt"]
+
+    r = load_recipe("opencode")
+    (path, content), = r.render_files(VALUES)
+    cfg = json.loads(content)
+    provider = cfg["provider"]["polar"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"  # bundled in the binary: nothing fetched
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:9/v1"
+    assert provider["options"]["headers"] == {"x-polar-episode": "ep.1"}
+    assert cfg["autoupdate"] is False and cfg["share"] == "disabled" and cfg["enabled_providers"] == ["polar"]
+    env = r.render_env(VALUES)
+    assert env["OPENCODE_DISABLE_AUTOUPDATE"] == env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    assert env["npm_config_registry"].startswith("http://127.0.0.1:")  # its background npm install: loopback
 
 
 def _base():

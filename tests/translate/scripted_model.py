@@ -1,6 +1,6 @@
 """A scripted "model" behind the translators, for driving the real Codex CLI / Claude Code.
 
-It listens on 127.0.0.1, translates each /v1/responses or /v1/messages request with
+It listens on 127.0.0.1, translates each /v1/responses, /v1/messages or Gemini request with
 polar_contracts.translate (exactly as the addon does), answers the chat request from a two-step script
 (first a tool call that writes hello.txt, then a final text once a tool result is in the
 history) as vLLM-shaped chat chunks, and streams the translator's bytes back chunk by chunk.
@@ -18,7 +18,8 @@ from polar_contracts.translate import TranslationError, translator_for
 from tests.translate.chat_chunks import full_response, stream
 
 TOOL_CALLS = {"Bash": {"command": "echo hi > hello.txt", "description": "Create hello.txt"},
-              "exec_command": {"cmd": "echo hi > hello.txt"}}
+              "exec_command": {"cmd": "echo hi > hello.txt"},
+              "run_shell_command": {"command": "echo hi > hello.txt", "description": "Create hello.txt"}}
 
 
 def script(chat: dict) -> tuple[list[tuple], str]:

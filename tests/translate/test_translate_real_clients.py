@@ -1,8 +1,8 @@
-"""The real Claude Code and Codex CLI binaries complete "create hello.txt containing hi" against a
+"""The real Claude Code, Codex CLI and Gemini CLI binaries complete "create hello.txt containing hi" against a
 scripted model that speaks to them only through the translators (no proxy, no server).
 
 The binaries are the ones harness_recipes.recipes.install.ensure_installed puts in .cache/harnesses/<name>/
-(@anthropic-ai/claude-code 2.1.197, @openai/codex 0.171.0); without them these tests skip and say
+(@anthropic-ai/claude-code 2.1.197, @openai/codex 0.171.0, @google/gemini-cli 0.61.0); without them these tests skip and say
 so. Each run takes a few seconds.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _check(model: ScriptedModel, proc, work: pathlib.Path, api: str) -> None:
     second = agent[1]["chat"]["messages"]
     assistant = [m for m in second if m["role"] == "assistant"][-1]
     assert assistant["reasoning_content"] == "I will write the file with the shell."
-    assert assistant["tool_calls"][0]["function"]["name"] in ("Bash", "exec_command")
+    assert assistant["tool_calls"][0]["function"]["name"] in ("Bash", "exec_command", "run_shell_command")
     assert second[-1]["role"] == "tool"
     assert "Done: hello.txt contains hi." in proc.stdout, detail
     assert all(c["path"].split("?")[0].endswith(api) for c in model.calls)
@@ -106,3 +106,21 @@ exporter = "none"
         proc = _run([codex, "exec", "--dangerously-bypass-approvals-and-sandbox",
                      "--skip-git-repo-check", "--json", PROMPT], work, env)
     _check(model, proc, work, "/v1/responses")
+
+
+def test_gemini_cli_completes_a_task_through_the_gemini_translator(tmp_path):
+    gemini = _binary("gemini-cli", "gemini")
+    work, home = tmp_path / "work", tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True), work.mkdir()
+    (home / ".gemini" / "settings.json").write_text(
+        '{"security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": false}},'
+        ' "privacy": {"usageStatisticsEnabled": false}, "telemetry": {"enabled": false},'
+        ' "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}}')
+    with ScriptedModel() as model:
+        env = _env(home, GEMINI_API_KEY="test-key", GOOGLE_GEMINI_BASE_URL=f"http://127.0.0.1:{model.port}",
+                   GEMINI_TELEMETRY_ENABLED="false", GEMINI_CLI_NO_RELAUNCH="true")
+        proc = _run([gemini, "--model", "qwen3-test", "--yolo", "--output-format", "json", "--prompt", PROMPT],
+                    work, env)
+    # (the reasoning comes back through thoughtSignature: Gemini CLI resends no thought parts)
+    _check(model, proc, work, ":streamGenerateContent")
+    assert not model.other, model.other  # nothing but model calls: no countTokens, no telemetry

@@ -4,9 +4,10 @@
 
 The shim picks each reply from data/tasks/scripts/fix_tasks.json (polar_serve/script.py, as in
 polar-serve's scripted mode) and passes its token ids as `vllm_xargs.polar_forced`; vLLM samples
-them under the processor. Pi and Qwen Code speak chat completions, Codex the Responses API (the
-addon translates it to chat upstream). Each run must fix the task (reward 1.0), every captured call's completion ids
-must be exactly the ids the shim forced (the random model never produces them by itself), with the
+them under the processor. Pi, Qwen Code and OpenCode speak chat completions, Codex the Responses
+API, Gemini CLI the Gemini API (the addon translates both to chat upstream). Each run must fix
+the task (reward 1.0), every captured call's completion ids must be exactly the ids the shim
+forced (the random model never produces them by itself), with the
 model's own (raw, unforced) logprobs, and polar-recon must build the shards. The vLLM here is the
 module's stock one (tests/conftest.py, `stock_vllm`: vLLM's default raw_logprobs mode; in processed
 mode the forced tokens' logprobs would be the one-hot's 0.0), the plugin loaded through
@@ -126,7 +127,11 @@ def proxy(shim, tmp_path_factory):
         yield p
 
 
-@pytest.mark.parametrize("harness", ["pi", "codex", "qwen-code"])
+# Gemini CLI speaks the Gemini API (translated to chat by the addon); OpenCode chat completions.
+NEW = ("gemini-cli", "opencode")
+
+
+@pytest.mark.parametrize("harness", ["pi", "codex", "qwen-code", *NEW])
 def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     ensure_installed(load_recipe(harness))
     out, tag = tmp_path / "out", f"{harness}-vllm"
@@ -151,9 +156,10 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     assert rec["n_calls"] == len(calls) == len(forced), (len(calls), [f["source"] for f in forced])
     # every call's completion is what vLLM sampled under the processor: exactly the forced ids
     assert sorted(r["completion_ids"] for r in calls) == sorted(f["ids"] for f in forced)
-    agent = [r for r in calls if not r["auxiliary"]]
-    assert len(agent) >= 3, "expected fix, test and final-answer calls"
     sources = {tuple(f["ids"]): f["source"] for f in forced}
+    # (OpenCode's first call asks for a session title, without tools: the script's rule 3 answers it)
+    agent = [r for r in calls if not r["auxiliary"] and sources[tuple(r["completion_ids"])] != "rule 3"]
+    assert len(agent) >= 3, "expected fix, test and final-answer calls"
     assert [sources[tuple(r["completion_ids"])] for r in agent][:2] == ["rule 6", "rule 7"]  # fix, then test
     errors = [(r["call_index"], r["error"], len(r["completion_ids"])) for r in calls if r["error"] is not None]
     for r in calls:
@@ -169,4 +175,15 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
         assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["logprobs"])
         assert sum(row["loss_mask"]) > 0 and row["reward"] == 1.0 and row["group_id"] == f"fix-add-{tag}"
     assert not errors, (errors, len(calls))
+    if harness in NEW:
+        # the token view: reconstruction followed the agent's turns, each call extending the one before
+        from polar_contracts.log.arrays import read_calls
+        from polar_recon.link import DEFAULT_TOKENIZER, TurnMarkers
+        from polar_recon.report import inspect_rows
+        view = {r["call"]: r for r in inspect_rows(read_calls(proxy.logdir / f"{rec['episode_id']}.arrow"),
+                                                   TurnMarkers.load(DEFAULT_TOKENIZER))}
+        idx = [r["call_index"] for r in agent]
+        for a, b in zip(idx, idx[1:]):
+            assert view[b]["link"] in ("CLEAN", "REALIGN") and view[b]["parent"] == a, view[b]
+        assert len({view[i]["segment"] for i in idx}) == 1
 

@@ -1,0 +1,196 @@
+"""The harness compatibility matrix, observed rather than written by hand.
+
+Every bundled recipe (or the ones named) runs the scripted fix-add task (data/tasks, script
+fix_tasks.json: a shell call that fixes calc.py, one that runs the tests, a final answer) through
+the capture proxy against polar-serve in scripted mode, and the table reports what the run showed:
+the API on the wire, streaming, the tools the harness declared and whether tool calls came back in
+its history, whether the sampled reasoning came back, the sub-agent tool it declares, how the
+episode id reached the proxy, and what reconstruction found (link kinds: CLEAN / REALIGN / FORK,
+re-render classes, training segments). Compaction is a harness feature this short task never
+triggers: the column says whether the run showed one (a later call resending a shorter history).
+
+    python -m harness_recipes.compat --out docs/compatibility.md [--recipe NAME ...] [--keep DIR]
+
+tests/rollout/test_compat_matrix.py regenerates rows and compares them with the committed doc.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from polar_contracts.assets import data_path
+
+TASKS = data_path("tasks")
+SCRIPT = TASKS / "scripts" / "fix_tasks.json"
+# Tool names harnesses give their sub-agent launcher.
+SUBAGENT_TOOLS = ("task", "Task", "Agent", "invoke_agent", "spawn_agent", "dispatch_agent", "delegate")
+COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools declared / tool calls resent",
+           "Thinking resent", "Title call (no tools)", "Sub-agent tool", "Compaction (this run)",
+           "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes",
+           "Segments", "Reward")
+BEGIN, END = "<!-- compat-matrix:begin -->", "<!-- compat-matrix:end -->"
+
+
+def _task_file(tmp: Path, tag: str) -> Path:
+    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
+    task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
+    p = tmp / f"tasks-{tag}.jsonl"
+    p.write_text(json.dumps(task) + "\n")
+    return p
+
+
+def _chat_requests(rows: list[dict]) -> list[dict]:
+    """Each call's request as the chat body the server rendered (the translators' view)."""
+    from polar_recon.strategies import as_chat_request
+    out = []
+    for r in rows:
+        try:
+            out.append(as_chat_request(json.loads(r["request"]), r["api"]))
+        except (ValueError, TypeError):
+            out.append({})
+    return out
+
+
+def observe(recipe, log, ep, markers, rec: dict) -> dict[str, str]:
+    """One matrix row from a finished episode: its log (polars), its calls (arrays) and the rollout record."""
+    from polar_recon.link import link_calls
+    from polar_recon.strategies import token_sequences
+
+    rows = list(log.calls.iter_rows(named=True))
+    agent = [r for r in rows if not r["auxiliary"]]
+    chats = _chat_requests(agent)
+    # the agent's own calls declare tools (a title call, asked first by some harnesses, declares none)
+    with_tools = [(r, c) for r, c in zip(agent, chats) if c.get("tools")]
+    tools = sorted({t.get("function", {}).get("name") for _, c in with_tools for t in c["tools"]})
+    later = [m for _, c in with_tools[1:] for m in c.get("messages") or ()]
+    resent_calls = any(m.get("role") == "assistant" and m.get("tool_calls") for m in later) and \
+        any(m.get("role") == "tool" for m in later)
+    thinking = any(m.get("role") == "assistant" and (m.get("reasoning_content") or m.get("reasoning"))
+                   for m in later)
+    nodes = link_calls(ep.calls, markers)
+    kinds = Counter(n.kind for n in nodes)
+    seqs = token_sequences(ep, markers, nodes)
+    classes = Counter(c for s in seqs for c in s.realign_classes)
+    subagent = sorted({t for t in tools if t in SUBAGENT_TOOLS})
+    episode = (f"header `{recipe.episode_header}`" if recipe.episode_via == "header"
+               else "path prefix `/polar/<id>/`")
+    # compaction: the harness resent a SHORTER history than before (a summary replaced turns)
+    lens = [len(r["prompt_ids"] or ()) for r, _ in with_tools]
+    compacted = any(b < a for a, b in zip(lens, lens[1:]))
+    return {
+        "Recipe": recipe.name,
+        "CLI (npm / PyPI)": f"{recipe.install.package} {recipe.install.version}",
+        "API on the wire": ", ".join(sorted({r["api"] for r in rows})),
+        "Streams": "yes" if all(r["stream"] for r in agent) else ("some" if any(r["stream"] for r in agent) else "no"),
+        "Tools declared / tool calls resent": f"{len(tools)} / {'yes' if resent_calls else 'no'}",
+        "Title call (no tools)": "yes" if with_tools and len(with_tools) < len(agent) else "no",
+        "Thinking resent": "yes" if thinking else "no",
+        "Sub-agent tool": ", ".join(f"`{t}`" for t in subagent) or "none",
+        "Compaction (this run)": "history shrank" if compacted else "not triggered",
+        "Episode id reaches the proxy by": episode,
+        "Calls (agent + auxiliary)": f"{len(agent)} + {len(rows) - len(agent)}",
+        "Reconstruction: links": ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())),
+        "Re-render classes": ", ".join(f"{k} {v}" for k, v in sorted(classes.items())) or "none",
+        "Segments": str(len(seqs)),
+        "Reward": f"{rec.get('reward')}",
+    }
+
+
+def run_recipe(name: str, proxy, logdir: Path, work: Path, markers, echo=print) -> dict[str, str]:
+    from harness_recipes.recipes.install import ensure_installed
+    from harness_recipes.recipes.recipe import load_recipe
+    from polar_contracts.log.arrays import read_calls
+    from polar_contracts.log.reader import read_episode
+
+    recipe = load_recipe(name)
+    ensure_installed(recipe, log=echo)
+    out = work / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", name, "--tasks", str(_task_file(work, name)),
+         "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
+         "--out", str(out), "--no-progress", "--recon", "build"],
+        capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: polar-rollout failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    (rec,) = [json.loads(x) for x in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
+    path = logdir / f"{rec['episode_id']}.arrow"
+    return observe(recipe, read_episode(path), read_calls(path, with_requests=True), markers, rec)
+
+
+@contextlib.contextmanager
+def scripted_stack(logdir: Path):
+    """polar-serve (scripted, the tiny model) behind the capture proxy."""
+    from harness_recipes.cache import tiny_model
+    from harness_recipes.node.local_stack import capture_proxy, serve
+    with serve(tiny_model(), script=SCRIPT) as srv, capture_proxy(srv.url, logdir) as proxy:
+        yield proxy
+
+
+def build_rows(names: list[str], keep: Path | None = None, echo=print) -> list[dict[str, str]]:
+    from polar_recon.link import DEFAULT_TOKENIZER, TurnMarkers
+
+    markers = TurnMarkers.load(DEFAULT_TOKENIZER)
+    with contextlib.ExitStack() as stack:
+        base = keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polar-compat-")))
+        logdir = base / "logs"
+        proxy = stack.enter_context(scripted_stack(logdir))
+        rows = []
+        for name in names:
+            echo(f"[compat] {name}")
+            rows.append(run_recipe(name, proxy, logdir, base, markers, echo))
+        return rows
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def parse_table(text: str) -> dict[str, dict[str, str]]:
+    """The rows of the generated table in a doc, by recipe name."""
+    body = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = [ln for ln in body.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    rows = {}
+    for ln in lines[1:]:
+        cells = [c.strip().replace("\\|", "|") for c in ln.strip().strip("|").split(" | ")]
+        row = dict(zip(head, cells))
+        rows[row["Recipe"]] = row
+    return rows
+
+
+def write_doc(path: Path, rows: list[dict[str, str]]) -> None:
+    """Replace the generated table in ``path`` (between the markers); rows of recipes not rerun stay."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise click.ClickException(f"{path}: no {BEGIN} ... {END} block to fill")
+    old = parse_table(text) if "| Recipe |" in text.split(BEGIN, 1)[1].split(END, 1)[0] else {}
+    old.update({r["Recipe"]: r for r in rows})
+    merged = [old[k] for k in sorted(old)]
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + BEGIN + "\n" + table(merged) + END + rest.split(END, 1)[1])
+
+
+@click.command()
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="the doc whose generated table to replace (docs/compatibility.md)")
+@click.option("--recipe", "names", multiple=True, help="recipes to run (default: every bundled one)")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="keep logs and shards here (default: a temporary directory)")
+def main(out: Path, names: tuple[str, ...], keep: Path | None) -> None:
+    from harness_recipes.recipes.recipe import bundled_names
+    rows = build_rows(list(names) or sorted(bundled_names()), keep, echo=lambda m: click.echo(m, err=True))
+    write_doc(out, rows)
+    click.echo(table(rows))
+
+
+if __name__ == "__main__":
+    main()
