@@ -1,0 +1,203 @@
+"""A real SWE-bench Verified instance as published: pallets__flask-5014 (data/swebench-verified/).
+
+The row is the dataset's, unchanged (no field added); its spec (Python 3.11, flask's requirements at
+environment_setup_commit, pip_packages, `pip install -e .`, `pytest -rA`) comes from the spec tables
+(specs.py), the eval script is the official one for it, and the image is built here from Debian and
+PyPI (the repository from its bundle: base_commit and its ancestry only). Graded in a fresh
+container by swebench's own report: the gold patch resolves it (reward 1, FAIL_TO_PASS 1/1,
+PASS_TO_PASS 59/59), no change is a real 0, and an agent that plants a conftest.py passing every test
+gets 0 too. The official-image path runs on a stand-in laid out as the published images are.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness_recipes.tasks.swebench.eval_script import eval_script
+from harness_recipes.tasks.swebench.instances import load_instances
+from harness_recipes.tasks.swebench.specs import spec_for
+
+from .test_swebench_docker import run
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "swebench-verified"
+ROW = DATA / "flask-5014.jsonl"
+REPOS = DATA / "repos"
+IID = "pallets__flask-5014"
+OFFICIAL_FIELDS = {"repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement", "hints_text",
+                   "created_at", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "environment_setup_commit"}
+# The row's sha256 as copied from ../shared/data/swebench-real (data/swebench-verified/PROVENANCE.md).
+ROW_SHA256 = "8fa9f861da54e4122387af50b3cfef0f63b0bbf3633c7d6b4dc57ee97ef38512"
+TAMPER = '''import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+'''
+
+
+def row() -> dict:
+    return json.loads(ROW.read_text())
+
+
+def flask():
+    (task,) = load_instances(f"swebench:{ROW}", repos=REPOS)
+    return task
+
+
+def test_the_row_is_the_published_one_and_loads_unchanged():
+    assert hashlib.sha256(ROW.read_bytes()).hexdigest() == ROW_SHA256
+    r = row()
+    assert set(r) == OFFICIAL_FIELDS  # nothing added: no eval_script, no test_cmd, no image
+    t = flask()
+    assert t.swebench["FAIL_TO_PASS"] == ["tests/test_blueprints.py::test_empty_name_not_allowed"]
+    assert len(t.swebench["PASS_TO_PASS"]) == 59 and "eval_script" not in t.swebench
+    assert t.git_repo is not None and t.git_commit == r["base_commit"]
+
+
+def test_the_eval_script_is_swebench_410s_own():
+    """What swebench 4.1.0's make_eval_script_list_py wrote for this row (tests/rollout/data), byte for byte."""
+    r = row()
+    want = (Path(__file__).parent / "data" / "flask-5014.swebench-4.1.0.eval.sh").read_text()
+    assert eval_script(r, spec_for(r["repo"], r["version"]), "conda") == want
+    venv = eval_script(r, spec_for(r["repo"], r["version"]), "venv")
+    assert "conda" not in venv and venv.count("source /opt/polar/testbed-env/bin/activate") == 2
+    assert venv.replace("source /opt/polar/testbed-env/bin/activate", "X") == want.replace(
+        "source /opt/miniconda3/bin/activate\nconda activate testbed", "X")
+
+
+def test_the_plan_says_buildable_with_the_repository_and_refused_without():
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    import os
+    env.update({k: v for k, v in os.environ.items() if k in ("POLAR_CACHE", "HOME", "DOCKER_HOST")})
+    plan = subprocess.run([sys.executable, "-m", "harness_recipes.cli", "swebench", "plan", f"swebench:{ROW}",
+                           "--repos", str(REPOS), "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert plan.returncode == 0, plan.stderr
+    out = json.loads(plan.stdout)
+    (d,) = out["instances"]
+    assert d["instance_id"] == IID and d["python"] == "3.11"
+    assert d["path"] in ("build", "official") and out["totals"]["refused"] == 0, d
+    bare = subprocess.run([sys.executable, "-m", "harness_recipes.cli", "swebench", "plan", str(ROW)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    assert bare.returncode == 0, bare.stderr
+    if "| official |" not in bare.stdout:
+        assert "| refused | no local repository holding base_commit 7ee9ceb71e86" in bare.stdout, bare.stdout
+        assert "0 buildable here, 1 refused" in bare.stdout
+
+
+# ---- on docker: the image built here, graded in a fresh container -------------------------------
+
+def _episode(tmp_path, monkeypatch, end_server, rt_cls, argv, files=()):
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    for name, text in files:
+        (cache / name).write_text(text)
+    t0 = time.monotonic()
+    recs, records = run(tmp_path, monkeypatch, end_server, rt_cls, argv, [flask()])
+    (rec,) = recs.values()
+    print(f"{argv[0]}: episode (image ready, harness, fresh-container grading) {time.monotonic() - t0:.1f}s")
+    return rec, records
+
+
+def test_gold_patch_resolves_it_with_the_per_test_lists(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    gold = row()["patch"]
+    rec, records = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls,
+                            ["apply", str(tmp_path / "cache" / "gold.patch")], [("gold.patch", gold)])
+    sb = rec["swebench"]
+    assert rec["status"] == "done" and rec["reward"] == 1.0 and sb["resolved"] is True, rec
+    assert sb["image_path"] == "built" and sb["image"].startswith("polar-sweb.eval.pallets_1776_flask-5014:")
+    assert sb["tests"]["FAIL_TO_PASS"] == {"success": ["tests/test_blueprints.py::test_empty_name_not_allowed"],
+                                           "failure": []}
+    assert len(sb["tests"]["PASS_TO_PASS"]["success"]) == 59 and not sb["tests"]["PASS_TO_PASS"]["failure"]
+    log = (records.episode_dir(rec["episode_id"]) / "test_output.txt").read_text()
+    assert "+ source /opt/polar/testbed-env/bin/activate" in log and "+ pytest -rA tests/test_blueprints.py" in log
+    # the end metadata (copied into every shard row) keeps PASS_TO_PASS as failures and counts only
+    ev = end_server.ends[rec["episode_id"]]["metadata"]["eval"]
+    assert ev["resolved"] is True and ev["image_path"] == "built"
+    assert ev["tests"]["PASS_TO_PASS"] == {"failure": [], "success_count": 59, "failure_count": 0}
+    assert ev["tests"]["FAIL_TO_PASS"] == sb["tests"]["FAIL_TO_PASS"]
+
+
+def test_no_change_is_a_real_zero(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    rec, _ = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls, ["noop"])
+    sb = rec["swebench"]
+    assert rec["status"] == "done" and rec["reward"] == 0.0 and sb["resolved"] is False, rec
+    assert sb["tests"]["FAIL_TO_PASS"]["failure"] == ["tests/test_blueprints.py::test_empty_name_not_allowed"]
+    assert len(sb["tests"]["PASS_TO_PASS"]["success"]) == 59
+    assert end_server.ends[rec["episode_id"]]["metadata"]["discard"] is False  # kept: the model's failure
+
+
+def test_a_conftest_that_passes_everything_gets_zero(tmp_path, monkeypatch, end_server, docker_runtime_cls):
+    rec, records = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls,
+                            ["write", "tests/conftest.py", TAMPER])
+    assert rec["status"] == "done" and rec["reward"] == 0.0 and rec["swebench"]["resolved"] is False, rec
+    ev = end_server.ends[rec["episode_id"]]["metadata"]["eval"]
+    assert "tests/conftest.py" in ev["stripped_paths"], ev
+    assert "b/tests/conftest.py" not in (records.episode_dir(rec["episode_id"]) / "model.patch").read_text()
+
+
+def test_the_image_holds_no_commit_after_base_commit(docker_runtime_cls):
+    from harness_recipes.runtimes.docker import _client
+    from harness_recipes.runtimes.images import instance_image
+    t = flask()
+    client = _client()
+    t0 = time.monotonic()
+    image, how = instance_image(client, t.swebench, t.git_repo, repos=REPOS)
+    print(f"image {image} ({how}) in {time.monotonic() - t0:.1f}s")
+    base = t.swebench["base_commit"]
+    out = client.containers.run(image, ["sh", "-c", f"git log --all --format=%H; echo --; git rev-list {base}; "
+                                        "echo --; git for-each-ref --format='%(refname)'; git stash list"],
+                                network_mode="none", remove=True).decode()
+    every, ancestry, refs = (part.split() for part in out.split("--\n"))
+    assert every[0] == base and sorted(every) == sorted(ancestry), "a commit other than base_commit's history"
+    assert refs == ["refs/heads/main"]
+    gold_files = {line.split(" b/")[-1] for line in row()["patch"].splitlines() if line.startswith("diff --git")}
+    assert gold_files == {"src/flask/blueprints.py"}
+
+
+def test_an_official_image_runs_as_the_official_harness_runs_it(tmp_path, monkeypatch, end_server,
+                                                               docker_runtime_cls):
+    """A STAND-IN for the published image, built here: the same names (the registry's
+    swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest) and layout (the test environment a
+    conda-style env at /opt/miniconda3/envs/testbed, entered by `source /opt/miniconda3/bin/activate;
+    conda activate testbed`; Polar's own venv removed, so only that activation finds pytest)."""
+    from harness_recipes.runtimes.docker import _client
+    from harness_recipes.runtimes.images import find_official, instance_image, official_name, registry_name
+    t = flask()
+    client = _client()
+    built, _ = instance_image(client, t.swebench, t.git_repo, repos=REPOS)
+    registry = registry_name(t.swebench)
+    assert registry == "swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest"
+    assert official_name(t.swebench) == "sweb.eval.x86_64.pallets__flask-5014:latest"
+    conda = ('conda() { if [ "$1" = activate ]; then . "/opt/miniconda3/envs/$2/bin/activate"; '
+             'export CONDA_DEFAULT_ENV="$2"; else echo "stand-in conda: activate only" >&2; return 1; fi; }')
+    ctx = tmp_path / "standin"
+    ctx.mkdir()
+    (ctx / "activate").write_text(f"# stand-in for miniconda's activate: defines conda activate ENV\n{conda}\n")
+    (ctx / "Dockerfile").write_text("\n".join([
+        f"FROM {built}",
+        "COPY activate /opt/miniconda3/bin/activate",
+        "RUN mkdir -p /opt/miniconda3/envs && cp -a /opt/polar/testbed-env /opt/miniconda3/envs/testbed "
+        "&& grep -rlI /opt/polar/testbed-env /opt/miniconda3/envs/testbed/bin | xargs sed -i "
+        "'s#/opt/polar/testbed-env#/opt/miniconda3/envs/testbed#g' && rm -rf /opt/polar/testbed-env",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin VIRTUAL_ENV=", ""]))
+    client.images.build(path=str(ctx), tag=registry, network_mode="none", rm=True, forcerm=True)
+    try:
+        assert find_official(client, t.swebench) == (registry, "official")
+        gold = row()["patch"]
+        rec, records = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls,
+                                ["apply", str(tmp_path / "cache" / "gold.patch")], [("gold.patch", gold)])
+        sb = rec["swebench"]
+        assert sb["image"] == registry and sb["image_path"] == "official", rec
+        assert rec["reward"] == 1.0 and sb["resolved"] is True, rec
+        log = (records.episode_dir(rec["episode_id"]) / "test_output.txt").read_text()
+        assert "+ conda activate testbed" in log and "polar/testbed-env" not in log
+    finally:
+        client.images.remove(registry)
+    assert find_official(client, t.swebench) is None
