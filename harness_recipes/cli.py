@@ -322,6 +322,13 @@ def swebench_plan(file, repos, instances, limit, as_json) -> None:
                else planner.table(decisions, client is not None), nl=False)
 
 
+@swebench.command("specs")
+def swebench_specs() -> None:
+    """Per repo and version of SWE-bench's spec tables: buildable here, or why not (no rows needed)."""
+    from harness_recipes.tasks.swebench.plan import spec_table
+    click.echo(spec_table(), nl=False)
+
+
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
     if runtime == "local":
         return {"isolation": isolation, "keep": keep} if keep else {"isolation": isolation}

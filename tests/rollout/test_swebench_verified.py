@@ -201,3 +201,40 @@ def test_an_official_image_runs_as_the_official_harness_runs_it(tmp_path, monkey
     finally:
         client.images.remove(registry)
     assert find_official(client, t.swebench) is None
+
+
+def test_codex_fixes_it_through_the_proxy_into_shards(docker_runtime_cls, tmp_path):
+    """The real Codex CLI in the instance's image, through mitmdump + the Polar addon + polar-serve
+    (scripted: it answers with the row's gold patch), graded as published, into shards."""
+    from harness_recipes.node.local_stack import capture_proxy, serve
+    from harness_recipes.recipes.install import ensure_installed
+    from harness_recipes.recipes.recipe import load_recipe
+    from tests.support.servers import tiny_model_dir
+    ensure_installed(load_recipe("codex"))
+    logdir, out = tmp_path / "logs", tmp_path / "out"
+    script = DATA / "scripts" / "flask-5014.json"
+    t0 = time.monotonic()
+    with serve(tiny_model_dir(), script=script) as srv, capture_proxy(srv.url, logdir) as proxy:
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", "codex", "--tasks", f"swebench:{ROW}",
+             "--repos", str(REPOS), "--runtime", "docker", "--proxy", proxy.url, "--control-secret-file",
+             str(proxy.secret_file), "--logdir", str(logdir), "--out", str(out), "--no-progress"],
+            cwd=ROOT, capture_output=True, text=True, timeout=1500)
+        proxy_out = proxy.output()[-3000:]
+    print(f"codex episode end to end {time.monotonic() - t0:.1f}s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rec,) = [json.loads(line) for line in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
+    brief = {k: v for k, v in rec.items() if k != "swebench"}
+    assert rec["status"] == "done" and rec["harness_rc"] == 0, f"{brief}\n{proxy_out}"
+    assert "src/flask/blueprints.py" in rec["changed_files"], brief
+    sb = rec["swebench"]
+    assert rec["reward"] == 1.0 and sb["resolved"] is True and sb["image_path"] in ("built", "official"), sb
+    assert len(sb["tests"]["PASS_TO_PASS"]["success"]) == 59
+    import polars as pl
+    df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
+    assert df.height >= 1 and (df["reward"] == 1.0).all()
+    for r in df.iter_rows(named=True):
+        ev = json.loads(r["eval"])
+        assert ev["resolved"] is True and ev["instance_id"] == IID
+        # one copy of the full lists per episode (the record); every shard row gets failures and counts
+        assert ev["tests"]["PASS_TO_PASS"] == {"failure": [], "success_count": 59, "failure_count": 0}

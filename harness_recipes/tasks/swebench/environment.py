@@ -127,32 +127,40 @@ def build_requires(repo: Path, base_commit: str) -> list[str]:
     return reqs or ["setuptools>=40.8.0", "wheel"]
 
 
+def spec_refusal(name: str, spec: dict) -> str:
+    """Why an instance of this spec cannot be built here, whatever its repository ('' when it can)."""
+    lang = language(name)
+    if lang and lang != "py":
+        return f"not a Python instance ({name} is {lang}): Polar builds Python environments only; use the official image"
+    py = str(spec.get("python", ""))
+    if py not in PYTHONS:
+        return (f"needs Python {py}; the Debian base ({', '.join(PYTHONS.values())}) ships Python "
+                f"{', '.join(PYTHONS)} only: use the official image")
+    pkgs = spec.get("packages", "") or ""
+    if pkgs == "environment.yml":
+        return "installs a conda environment.yml (conda-only): use the official image"
+    if pkgs and pkgs != "requirements.txt":
+        return f"installs conda packages ({pkgs}) with conda create (conda-only): use the official image"
+    repo_install = tables()["MAP_REPO_TO_INSTALL"].get(name)
+    for cmd in ([repo_install] if repo_install else []) + list(spec.get("pre_install", [])):
+        if any(w in cmd for w in NETWORK_WORDS):
+            return f"its pre-install step needs the network or conda ({cmd!r}): use the official image"
+    return ""
+
+
 def environment(inst: dict, repo: Path | None, repos: Path | None) -> Environment:
     """The environment to build for an instance, or Refused with the reason."""
     name, version = inst["repo"], inst["version"]
-    lang = language(name)
-    if lang and lang != "py":
-        raise Refused(f"not a Python instance ({name} is {lang}): Polar builds Python environments only; "
-                      "use the official image")
     try:
         spec = spec_for(name, version)
     except SpecError as e:
         raise Refused(str(e)) from None
-    py = str(spec.get("python", ""))
-    if py not in PYTHONS:
-        raise Refused(f"needs Python {py}; the Debian base ({', '.join(PYTHONS.values())}) ships Python "
-                      f"{', '.join(PYTHONS)} only: use the official image")
-    pkgs = spec.get("packages", "") or ""
-    if pkgs == "environment.yml":
-        raise Refused("installs a conda environment.yml (conda-only): use the official image")
-    if pkgs and pkgs != "requirements.txt":
-        raise Refused(f"installs conda packages ({pkgs}) with conda create (conda-only): use the official image")
-    setup = []
+    why = spec_refusal(name, spec)
+    if why:
+        raise Refused(why)
+    py, pkgs = str(spec["python"]), spec.get("packages", "") or ""
     repo_install = tables()["MAP_REPO_TO_INSTALL"].get(name)
-    for cmd in ([repo_install] if repo_install else []) + list(spec.get("pre_install", [])):
-        if any(w in cmd for w in NETWORK_WORDS):
-            raise Refused(f"its pre-install step needs the network or conda ({cmd!r}): use the official image")
-        setup.append(cmd)
+    setup = ([repo_install] if repo_install else []) + list(spec.get("pre_install", []))
     if spec.get("install"):
         setup.append(spec["install"])
     if repo is None or not has_commit(repo, inst["base_commit"]):

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness_recipes.tasks.swebench.environment import PYTHONS, Refused, environment
-from harness_recipes.tasks.swebench.specs import SpecError, spec_for
+from harness_recipes.tasks.swebench.environment import PYTHONS, Refused, environment, spec_refusal
+from harness_recipes.tasks.swebench.specs import SpecError, language, source, spec_for, tables
 
 
 @dataclass
@@ -57,7 +57,8 @@ def decide(inst: dict, repo: Path | None, repos: Path | None, client=None) -> De
         return d
     d.path = "build"
     d.reason = (f"Debian {PYTHONS[env.python]} Python {env.python}, "
-                f"{len([x for x in env.requirements.splitlines() if x.strip()])} requirement lines, "
+                f"{len([x for x in env.requirements.splitlines() if x.strip() and not x.strip().startswith('#')])} "
+                "requirements, "
                 f"{len(env.pip_packages)} pip_packages, install: {env.setup[-1] if env.setup else 'none'}")
     return d
 
@@ -115,3 +116,25 @@ def _reason_kind(reason: str) -> str:
 def as_json(decisions: list[Decision], engine: bool) -> str:
     return json.dumps({"totals": totals(decisions), "engine": engine,
                        "instances": [asdict(d) for d in decisions]}, indent=1) + "\n"
+
+
+def spec_table() -> str:
+    """Per Python repo and version in the spec tables: buildable here, or why not. Every SWE-bench
+    (Verified, Lite, full) instance falls under one of these; an instance of a buildable spec also
+    needs its repository (and requirements) on this machine (`plan` says so per instance)."""
+    specs = tables()["MAP_REPO_VERSION_TO_SPECS"]
+    lines = [f"Spec tables: {source()}", "", "| repo | versions | python | packages | here |", "|---|---|---|---|---|"]
+    counts = Counter()
+    for repo in sorted(r for r in specs if language(r) == "py"):
+        groups: dict[tuple, list[str]] = {}
+        for version, spec in specs[repo].items():
+            why = spec_refusal(repo, spec)
+            key = (str(spec.get("python", "")), str(spec.get("packages", "") or "-"), "build" if not why else
+                   "refused: " + why.split(";")[0].split(" (")[0].split(":")[0])
+            groups.setdefault(key, []).append(version)
+            counts["build" if not why else "refused"] += 1
+        for (py, pkgs, verdict), versions in groups.items():
+            lines.append(f"| {repo} | {', '.join(versions)} | {py} | {_short(pkgs)[:40]} | {verdict} |")
+    lines += ["", f"{counts['build'] + counts['refused']} Python specs: {counts['build']} buildable here, "
+                  f"{counts['refused']} refused (official image needed)."]
+    return "\n".join(lines) + "\n"
