@@ -238,3 +238,30 @@ def test_codex_fixes_it_through_the_proxy_into_shards(docker_runtime_cls, tmp_pa
         assert ev["resolved"] is True and ev["instance_id"] == IID
         # one copy of the full lists per episode (the record); every shard row gets failures and counts
         assert ev["tests"]["PASS_TO_PASS"] == {"failure": [], "success_count": 59, "failure_count": 0}
+
+
+def test_the_row_loads_the_same_from_parquet_and_a_saved_dataset(tmp_path):
+    """As users hold the dataset: its Parquet file, or `datasets`' save_to_disk, rows unchanged."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    r = row()
+    pq.write_table(pa.Table.from_pylist([r]), tmp_path / "verified.parquet")
+    datasets.DatasetDict({"test": datasets.Dataset.from_list([r])}).save_to_disk(str(tmp_path / "ds"))
+    want = flask().swebench
+    for spec in ("verified.parquet", "ds"):
+        (t,) = load_instances(f"swebench:{tmp_path / spec}", repos=REPOS)
+        assert t.swebench == want, spec
+
+
+def test_a_spec_that_needs_what_debian_lacks_is_refused_up_front():
+    """Real rows (public-rows.jsonl): Python 3.9 specs are refused with the reason, before any image work."""
+    from harness_recipes.tasks.swebench.plan import decide
+    tasks = {t.swebench["instance_id"]: t for t in load_instances(f"swebench:{DATA / 'public-rows.jsonl'}",
+                                                                  repos=REPOS)}
+    assert len(tasks) == 10
+    d = decide(tasks["django__django-16255"].swebench, None, REPOS, client=None)
+    assert (d.path, d.python) == ("refused", "3.9")
+    assert d.reason.startswith("needs Python 3.9; the Debian base (bookworm) ships Python 3.11 only"), d
+    f = decide(tasks[IID].swebench, tasks[IID].git_repo, REPOS, client=None)
+    assert f.path == "build" and "Python 3.11" in f.reason, f
