@@ -17,8 +17,8 @@ Order, per instance (`instance_image`; `find_official` alone for the planner):
      $POLAR_CACHE/swebench/wheels/), the spec's install command run in /testbed. The build itself
      runs with ``--network none``: pip reads only the wheels in the image (PIP_NO_INDEX), which stay
      there so the eval script's re-install works offline too;
-   - a row that carries its eval_script (swebench 5 datasets, Polar's bundled instances): the base
-     as is (python3, pytest from Debian);
+   - Polar's bundled instances (and rows with their own test_cmd): the base as is (python3,
+     pytest from Debian), their eval_script;
    - either way /testbed is the repository at base_commit, its .git holding base_commit and its
      ancestors only (base_only_repo): a fresh repository that fetched base_commit alone, so no
      later commit (the gold fix) is in the image on any ref, reflog or as a stray object.
@@ -88,8 +88,9 @@ def find_official(client, inst: dict) -> tuple[str, str] | None:
 
 
 def uses_spec(inst: dict) -> bool:
-    """An official row as published: tested from its spec (no eval_script of its own)."""
-    return not inst.get("eval_script")
+    """An official row as published: its image is built from its spec (eval_script.spec_based)."""
+    from harness_recipes.tasks.swebench.eval_script import spec_based
+    return spec_based(inst)
 
 
 def polar_name(inst: dict, env=None) -> str:

@@ -11,6 +11,10 @@ Only the environment's activation differs with the image (ENVIRONMENTS):
 - ``conda``: the official instance images (swebench's own build, or pulled): the conda env
   /opt/miniconda3/envs/testbed, activated as the official harness does;
 - ``venv``: the images Polar builds from the spec (images.py): a Python venv at VENV.
+
+swebench 5 datasets carry the finished script (`eval_script`, written for the official images,
+with later per-instance fixes): `script_for` keeps it and, in an image built here, swaps only its
+conda activation for the venv's.
 """
 from __future__ import annotations
 
@@ -64,3 +68,31 @@ def eval_script(inst: dict, spec: dict, environment: str, workdir: str = "/testb
              f": '{t['START_TEST_OUTPUT']}'", " ".join([test_cmd, *test_directives(inst)]),
              f": '{t['END_TEST_OUTPUT']}'", reset]
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *cmds]) + "\n"
+
+
+def spec_based(inst: dict) -> bool:
+    """An official SWE-bench row: installed and tested by its spec (built here as environment.py says).
+    Not Polar's bundled instances (polar_source) nor a row whose own test_cmd says how: those run
+    their eval_script on the Debian base as is."""
+    from harness_recipes.tasks.swebench.specs import SpecError, spec_for
+    if inst.get("polar_source") or inst.get("test_cmd"):
+        return False
+    try:
+        spec_for(inst["repo"], inst["version"])
+        return True
+    except SpecError:
+        return not inst.get("eval_script")  # no spec, no script: the plan refuses it, saying so
+
+
+def script_for(inst: dict, image_path: str) -> str:
+    """The eval script for an instance in an image: 'official' (its conda env) or 'built' (the venv)."""
+    from harness_recipes.tasks.swebench.specs import spec_for
+    if not spec_based(inst):
+        return inst["eval_script"]
+    row = inst.get("eval_script") or ""
+    conda, venv = "\n".join(ENVIRONMENTS["conda"]), "\n".join(ENVIRONMENTS["venv"])
+    if image_path == "official":
+        return row or eval_script(inst, spec_for(inst["repo"], inst["version"]), "conda")
+    if row and conda in row:
+        return row.replace(conda, venv)
+    return eval_script(inst, spec_for(inst["repo"], inst["version"]), "venv")

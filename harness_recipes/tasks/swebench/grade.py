@@ -89,14 +89,10 @@ def test_spec(inst: dict, script: str):
 
 
 def eval_script_of(inst: dict, sandbox: Sandbox) -> str:
-    """The row's own eval_script, else the official one for its spec in the environment of the image the
-    sandbox runs (eval_script.py: the official images' conda env, or the venv of an image built here)."""
-    if inst.get("eval_script"):
-        return inst["eval_script"]
-    from harness_recipes.tasks.swebench.eval_script import eval_script
-    from harness_recipes.tasks.swebench.specs import spec_for
-    env = "conda" if getattr(sandbox, "image_path", "") == "official" else "venv"
-    return eval_script(inst, spec_for(inst["repo"], inst["version"]), env)
+    """The eval script for the image the sandbox runs (eval_script.script_for: the official one, in the
+    official images' conda env or the venv of an image built here)."""
+    from harness_recipes.tasks.swebench.eval_script import script_for
+    return script_for(inst, getattr(sandbox, "image_path", "") or "built")
 
 
 def grade_log(inst: dict, model_patch: str, log_path: Path, script: str | None = None) -> dict:

@@ -142,8 +142,8 @@ def validate(row: dict, where: str) -> dict:
     if out.get("eval_script") or out.get("test_cmd"):
         out["eval_script"] = eval_script_for(out)
     else:
-        # An official row as published: its spec (specs.py) says how to install and test it; the eval
-        # script depends on the image it runs in (eval_script.py), chosen per instance by the runtime.
+        # An official row (swebench < 5 format): its spec (specs.py) says how to install and test it;
+        # the eval script depends on the image it runs in (eval_script.script_for), chosen per instance.
         out.pop("eval_script", None)
     return out
 

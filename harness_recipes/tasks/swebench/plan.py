@@ -14,6 +14,7 @@ and the plan says so.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,7 +111,9 @@ def table(decisions: list[Decision], engine: bool) -> str:
 
 
 def _reason_kind(reason: str) -> str:
-    return reason.split(":")[0] if reason.startswith(("needs Python", "no SWE-bench spec")) else reason.split(" (")[0]
+    """The reason less what is particular to the instance (commits, the advice), to count alike ones."""
+    kind = re.sub(r"\b[0-9a-f]{7,40}\b", "<commit>", reason).split(": use the official image")[0]
+    return kind if kind.startswith("needs Python") else kind.split(" (")[0]
 
 
 def as_json(decisions: list[Decision], engine: bool) -> str:

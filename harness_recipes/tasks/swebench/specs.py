@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
+from importlib.resources import files
 
-DATA = Path(__file__).resolve().parent / "specs_data"
-VENDORED = DATA / "swebench-4.1.0.json"
+VENDORED = files("harness_recipes.tasks.swebench") / "specs_data" / "swebench-4.1.0.json"
 
 
 class SpecError(LookupError):

@@ -17,9 +17,10 @@ import sys
 import tempfile
 import types
 import zipfile
+from importlib.resources import files
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "specs_data"
+OUT = Path(str(files("harness_recipes.tasks.swebench") / "specs_data"))
 FILES = ("__init__.py", "c.py", "go.py", "java.py", "javascript.py", "php.py", "python.py", "ruby.py", "rust.py")
 # Data, not code: the maps the official script builders read (test_spec/python.py in 4.1.0).
 KEYS = ("MAP_REPO_VERSION_TO_SPECS", "MAP_REPO_TO_REQS_PATHS", "MAP_REPO_TO_ENV_YML_PATHS", "MAP_REPO_TO_INSTALL",
@@ -33,12 +34,15 @@ def _sha(data: bytes) -> str:
 
 
 def load_constants(root: Path) -> types.ModuleType:
-    """swebench.harness.constants from an unpacked wheel, without running swebench/__init__.py."""
+    """swebench.harness.constants from an unpacked wheel, without running swebench/__init__.py: empty
+    parent packages whose __path__ is the wheel's directories lead the import system there (this
+    process's own swebench, if any, is shadowed for the rest of it: a one-shot command)."""
+    for name in ("swebench", "swebench.harness", "swebench.harness.constants"):
+        sys.modules.pop(name, None)
     for name in ("swebench", "swebench.harness"):
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(root / name.replace(".", "/"))]
         sys.modules[name] = pkg
-    sys.path.insert(0, str(root))
     import importlib
     return importlib.import_module("swebench.harness.constants")
 
