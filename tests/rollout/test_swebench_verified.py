@@ -151,10 +151,18 @@ def test_the_image_holds_no_commit_after_base_commit(docker_runtime_cls):
     image, how = instance_image(client, t.swebench, t.git_repo, repos=REPOS)
     print(f"image {image} ({how}) in {time.monotonic() - t0:.1f}s")
     base = t.swebench["base_commit"]
-    out = client.containers.run(image, ["sh", "-c", f"git log --all --format=%H; echo --; git rev-list {base}; "
-                                        "echo --; git for-each-ref --format='%(refname)'; git stash list"],
-                                network_mode="none", remove=True).decode()
-    every, ancestry, refs = (part.split() for part in out.split("--\n"))
+    # one command at a time through exec (a container's log stream may lose the end of a long output)
+    c = client.containers.run(image, ["sleep", "600"], detach=True, network_mode="none")
+    try:
+        def git(*args: str) -> list[str]:
+            res = c.exec_run(["git", "-C", "/testbed", *args])
+            assert res.exit_code == 0, res.output[-500:]
+            return res.output.decode().split()
+        every, ancestry = git("log", "--all", "--reflog", "--format=%H"), git("rev-list", base)
+        refs, stash = git("for-each-ref", "--format=%(refname)"), git("stash", "list")
+    finally:
+        c.remove(force=True)
+    assert not stash and len(every) > 1000, len(every)  # flask's history up to base_commit is all there
     assert every[0] == base and sorted(every) == sorted(ancestry), "a commit other than base_commit's history"
     assert refs == ["refs/heads/main"]
     gold_files = {line.split(" b/")[-1] for line in row()["patch"].splitlines() if line.startswith("diff --git")}
@@ -337,3 +345,20 @@ def test_the_two_copies_of_the_flask_row_agree():
     assert {k: pub[k] for k in OFFICIAL_FIELDS} == row()
     assert hashlib.sha256(VERIFIED.read_bytes()).hexdigest() == (
         "9cf3c8d406a3878dffdec80e1933b2601d00fd5868aabbe6f268c0a29484f21a")
+
+
+def test_run_leaves_refused_instances_out_up_front_saying_why(capsys):
+    """`polar-rollout run/fleet` plan before any episode: a refused instance never reaches an image build
+    or an eval_error; it is named on stderr with its reason, and the others run."""
+    import pytest
+
+    from harness_recipes.cli import _runnable
+    from harness_recipes.tasks.task_file import TaskError
+    tasks = load_instances(f"swebench:{VERIFIED}", repos=REPOS, instances=["django__django-16255", IID])
+    kept = _runnable(tasks)
+    err = capsys.readouterr().err
+    assert [t.swebench["instance_id"] for t in kept] == [IID] or "django__django-16255" not in err
+    if len(kept) == 1:  # (an engine holding django's official image would keep both)
+        assert "refused django__django-16255: needs Python 3.9" in err
+        with pytest.raises(TaskError, match="every instance was refused"):
+            _runnable([t for t in tasks if t.swebench["instance_id"] != IID])
