@@ -101,7 +101,8 @@ def _episode(tmp_path, monkeypatch, end_server, rt_cls, argv, files=()):
     t0 = time.monotonic()
     recs, records = run(tmp_path, monkeypatch, end_server, rt_cls, argv, [flask()])
     (rec,) = recs.values()
-    print(f"{argv[0]}: episode (image ready, harness, fresh-container grading) {time.monotonic() - t0:.1f}s")
+    phases = {k: round(b - a, 1) for k, (a, b) in rec.get("phases", {}).items()}
+    print(f"{argv[0]}: episode {time.monotonic() - t0:.1f}s, phases (s): {phases}")
     return rec, records
 
 
