@@ -280,6 +280,55 @@ def _episode_setup(recipe, task_args, runtime, proxy, model, control_secret_file
     return rec, tasks, settings
 
 
+def _runnable(tasks):
+    """The instances that can run here (an official image in the local docker, or buildable): the
+    others are refused up front, each with its reason (`polar-rollout swebench plan` says the same)."""
+    from harness_recipes.tasks.swebench.plan import docker_client, plan
+    decisions = plan(tasks, docker_client())
+    refused = {d.instance_id: d.reason for d in decisions if d.path == "refused"}
+    for iid, why in refused.items():
+        click.echo(f"polar-rollout: refused {iid}: {why}", err=True)
+    kept = [t for t in tasks if t.swebench["instance_id"] not in refused]
+    if not kept:
+        raise TaskError(f"every instance was refused ({len(refused)}): see the reasons above, or "
+                        "`polar-rollout swebench plan FILE`")
+    return kept
+
+
+@main.group()
+def swebench() -> None:
+    """SWE-bench instances: what can run here."""
+
+
+@swebench.command("plan")
+@click.argument("file")
+@click.option("--repos", type=click.Path(file_okay=False), default=None,
+              help="directory of local repositories owner__name (clones or .bundle) and requirements/")
+@click.option("--instances", default=None, metavar="ID,ID", help="only these ids")
+@click.option("--limit", default=None, type=click.IntRange(1), help="the first N instances")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of the Markdown table")
+def swebench_plan(file, repos, instances, limit, as_json) -> None:
+    """Per instance: official image / buildable here / refused (with the reason), and the totals.
+    Reads the rows, the local repositories and the local docker's images: nothing from the network."""
+    from harness_recipes.tasks.swebench import plan as planner
+    ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
+    try:
+        tasks = load_instances(file, repos=repos, instances=ids, limit=limit)
+    except TaskError as e:
+        raise click.UsageError(str(e)) from None
+    client = planner.docker_client()
+    decisions = planner.plan(tasks, client)
+    click.echo(planner.as_json(decisions, client is not None) if as_json
+               else planner.table(decisions, client is not None), nl=False)
+
+
+@swebench.command("specs")
+def swebench_specs() -> None:
+    """Per repo and version of SWE-bench's spec tables: buildable here, or why not (no rows needed)."""
+    from harness_recipes.tasks.swebench.plan import spec_table
+    click.echo(spec_table(), nl=False)
+
+
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
     if runtime == "local":
         return {"isolation": isolation, "keep": keep} if keep else {"isolation": isolation}
@@ -299,7 +348,7 @@ def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
         raise TaskError("give exactly one of --tasks or --swebench")
     if tasks_path and is_swebench_spec(tasks_path):
         ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
-        return load_instances(tasks_path, repos=repos, instances=ids, limit=limit)
+        return _runnable(load_instances(tasks_path, repos=repos, instances=ids, limit=limit))
     if instances or limit:
         raise TaskError("--instances / --limit select SWE-bench instances: use them with --tasks swebench:FILE")
     if swebench:

@@ -26,7 +26,7 @@ from pathlib import Path
 from harness_recipes.node.model_patch import model_patch, patch_paths
 from harness_recipes.runtimes.base import ExecResult, Runtime, Sandbox
 from harness_recipes.runtimes.file_tree import ObjectStore
-from harness_recipes.tasks.swebench.grade import grade
+from harness_recipes.tasks.swebench.grade import brief_tests, grade
 from harness_recipes.tasks.task_file import Task
 
 
@@ -74,6 +74,8 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
     meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, **mp.metadata()}
     if task.swebench:
         meta["instance_id"] = task.swebench["instance_id"]
+        # which image graded it: an official one (its conda env) or one built here (image_path)
+        meta.update(image=getattr(fresh, "image", ""), image_path=getattr(fresh, "image_path", ""))
     env = grading_env(fresh, base_path)
     if mp.patch:
         await fresh.write_bytes(f"{fresh.home}/model.patch", mp.patch)
@@ -87,12 +89,15 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
             sw = {"resolved": False, "patch_successfully_applied": False, "tests": {}} if task.swebench else None
             if sw is not None:
                 meta.update(sw)
+                sw.update(image=meta["image"], image_path=meta["image_path"])
             return Graded(0.0, applied, "", mp.changed, meta, sw)
     meta["patch_applied"] = True
     if task.swebench:
         g = await grade(task.swebench, fresh, env, task.eval_timeout, outdir, mp.patch.decode(errors="replace"))
         sw = g.metadata()
-        meta.update(sw)
+        # the record keeps swebench's lists in full; the end metadata (copied into every shard row) briefly
+        meta.update({**sw, "tests": brief_tests(sw["tests"])})
+        sw.update(image=meta["image"], image_path=meta["image_path"])
         return Graded(g.reward, g.log, g.error, mp.changed, meta, sw)
     reward, res, err = await evaluate_command(task, fresh, env)
     return Graded(reward, res, err, mp.changed, meta)

@@ -40,6 +40,10 @@ class Sandbox(ABC):
     # None: the harness shares the host's network (isolation none) or has no way out at all.
     api: ApiSocket | None = None
     python: str = "python3"
+    # SWE-bench instance images: their name, and "official" (an official image: its conda env) or
+    # "built" (built here: Polar's venv); it picks the eval script's activation (eval_script.py).
+    image: str = ""
+    image_path: str = ""
 
     def api_base(self, proxy: str) -> str:
         """The proxy's base URL as the harness inside sees it."""

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harness_recipes.runtimes.images import ImageError, instance_image
+from harness_recipes.runtimes.images import ImageError, image_path, instance_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import harness_cache
@@ -348,7 +348,8 @@ class DockerRuntime(Runtime):
         try:
             (root / "home").mkdir()
             try:
-                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log)
+                repos = Path(inst["polar_repos"]) if inst.get("polar_repos") else None
+                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log, repos)
             except ImageError:
                 raise
             except Exception as e:  # docker API errors while building or importing
@@ -357,6 +358,7 @@ class DockerRuntime(Runtime):
             api = await ApiSocket(upstream).start() if upstream is not None else None
             container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading)
             sandbox = DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
+            sandbox.image_path = image_path(how)  # official (its conda env) | built (Polar's venv)
             return await self._with_api(sandbox, api)
         except BaseException:
             await asyncio.to_thread(self._remove_episode, episode_id)

@@ -1,6 +1,8 @@
 """A stand-in harness CLI for the scheduler tests: behaves as told on its command line.
 
     fake_harness.py fix FILE OLD NEW   replace OLD by NEW in FILE (the 'agent' fixes the bug)
+    fake_harness.py apply PATCH        apply a unified diff to the working tree (git apply)
+    fake_harness.py write FILE TEXT    write TEXT to FILE (e.g. a tampering conftest.py)
     fake_harness.py noop               change nothing, exit 0
     fake_harness.py crash              exit 3 with a message on stderr
     fake_harness.py hang PIDFILE       start a background child, write both pids, sleep forever
@@ -58,6 +60,12 @@ def main() -> int:
         path, old, new = args
         p = Path(path)
         p.write_text(p.read_text().replace(old, new))
+        return 0
+    if mode == "apply":
+        return subprocess.run(["git", "apply", "--whitespace=nowarn", args[0]]).returncode
+    if mode == "write":
+        Path(args[0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(args[0]).write_text(args[1])
         return 0
     if mode == "noop":
         return 0

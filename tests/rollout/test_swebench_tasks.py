@@ -82,7 +82,7 @@ def test_a_directory_that_is_no_dataset_says_so(tmp_path):
     ("test_patch", "", "field 'test_patch' is empty"),
     ("version", None, "missing required field 'version'"),
     ("log_parser", "parse_log_nothing", "field 'log_parser' 'parse_log_nothing' is not a parser swebench knows"),
-    ("eval_script", None, "no 'eval_script' .* and no 'test_cmd'"),
+    ("test_cmd", 5, "field 'test_cmd' must be a string"),
 ])
 def test_bad_row_names_the_row_and_the_field(tmp_path, field, value, message):
     rs = [portable(r) for r in rows()]

@@ -60,7 +60,7 @@ class Grade:
     log: ExecResult | None = None
 
     def metadata(self) -> dict:
-        """What goes into the episode's end metadata (and from there into the shards)."""
+        """The episode record's `swebench`: swebench's per-test lists in full (one copy per episode)."""
         tests = self.report.get("tests_status") or {}
         return {"resolved": self.resolved,
                 "patch_successfully_applied": self.report.get("patch_successfully_applied", False),
@@ -68,17 +68,40 @@ class Grade:
                 **({"error": self.error} if self.error else {})}
 
 
-def test_spec(inst: dict):
+def brief_tests(tests: dict) -> dict:
+    """Per-test results for the end metadata, which polar-recon copies into EVERY shard row of the
+    episode: FAIL_TO_PASS in full (the tests that decide the fix, a handful), PASS_TO_PASS as its
+    failures and counts (hundreds of names per instance, kept in full in the episode record and
+    report.json)."""
+    out = {}
+    if "FAIL_TO_PASS" in tests:
+        out["FAIL_TO_PASS"] = tests["FAIL_TO_PASS"]
+    if "PASS_TO_PASS" in tests:
+        p2p = tests["PASS_TO_PASS"]
+        out["PASS_TO_PASS"] = {"failure": list(p2p.get("failure", [])), "success_count": len(p2p.get("success", [])),
+                               "failure_count": len(p2p.get("failure", []))}
+    return out
+
+
+def test_spec(inst: dict, script: str):
     from swebench.harness.utils import make_test_spec
-    return make_test_spec({**inst, "image": inst.get("image") or "", "eval_script": inst["eval_script"]})
+    return make_test_spec({**inst, "image": inst.get("image") or "", "eval_script": script})
 
 
-def grade_log(inst: dict, model_patch: str, log_path: Path) -> dict:
+def eval_script_of(inst: dict, sandbox: Sandbox) -> str:
+    """The eval script for the image the sandbox runs (eval_script.script_for: the official one, in the
+    official images' conda env or the venv of an image built here)."""
+    from harness_recipes.tasks.swebench.eval_script import script_for
+    return script_for(inst, getattr(sandbox, "image_path", "") or "built")
+
+
+def grade_log(inst: dict, model_patch: str, log_path: Path, script: str | None = None) -> dict:
     """swebench's report for one instance from its test log (the official function)."""
     from swebench.harness.grading import get_eval_report
     register_repos()
     pred = {"instance_id": inst["instance_id"], "model_name_or_path": "polar", "model_patch": model_patch}
-    return get_eval_report(test_spec(inst), pred, str(log_path), include_tests_status=True)[inst["instance_id"]]
+    spec = test_spec(inst, script or inst["eval_script"])
+    return get_eval_report(spec, pred, str(log_path), include_tests_status=True)[inst["instance_id"]]
 
 
 def _text(res: ExecResult) -> str:
@@ -98,13 +121,14 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
     if check.rc != 0:
         return Grade(0.0, f"test_patch does not apply to base_commit {base}: {_text(check)[-400:]}", log=check)
 
-    await sandbox.write_file(f"{home}/eval.sh", inst["eval_script"])
+    script = eval_script_of(inst, sandbox)
+    await sandbox.write_file(f"{home}/eval.sh", script)
     res = await sandbox.exec(["bash", "-c", f"bash {home}/eval.sh 2>&1"], env, timeout=timeout, cwd=wd)
     log_path = outdir / "test_output.txt"
     log_path.write_bytes(res.stdout + res.stderr)
     if res.timed_out:
         return Grade(0.0, f"tests timed out after {timeout:g}s (eval_timeout)", log=res)
-    report = grade_log(inst, model_patch, log_path)
+    report = grade_log(inst, model_patch, log_path, script)
     (outdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
     if not report.get("patch_successfully_applied"):
         why = report.get("infra_failure_reason") or "no test results in the log"

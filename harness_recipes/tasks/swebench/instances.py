@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from harness_recipes.tasks.swebench.grade import known_parser, parser_for_repo
-from harness_recipes.tasks.swebench.sources import SourceError, ensure_repo
+from harness_recipes.tasks.swebench.sources import SourceError, clone_bundle, ensure_repo
 from harness_recipes.tasks.task_file import ID_RE, Task, TaskError, _jsonl
 
 PREFIX = "swebench:"
@@ -130,9 +130,8 @@ def validate(row: dict, where: str) -> dict:
         raise TaskError(f"{where}: field 'FAIL_TO_PASS' is empty: nothing would tell a fix from no fix")
     if not isinstance(row.get("eval_script") or "", str):
         raise TaskError(f"{where}: field 'eval_script' must be a string")
-    if not row.get("eval_script") and not isinstance(row.get("test_cmd"), str):
-        raise TaskError(f"{where}: no 'eval_script' (swebench>=5 datasets carry it) and no 'test_cmd' to "
-                        "build one from: polar cannot know how to run this instance's tests")
+    if row.get("test_cmd") is not None and not isinstance(row["test_cmd"], str):
+        raise TaskError(f"{where}: field 'test_cmd' must be a string")
     parser = row.get("log_parser") or _default_parser(row["repo"])
     if not known_parser(parser):
         raise TaskError(f"{where}: field 'log_parser' {parser!r} is not a parser swebench knows")
@@ -140,7 +139,12 @@ def validate(row: dict, where: str) -> dict:
     out["eval_type"] = row.get("eval_type") or "pass_and_fail"
     if out["eval_type"] not in ("pass_and_fail", "fail_only"):
         raise TaskError(f"{where}: field 'eval_type' must be pass_and_fail or fail_only, got {out['eval_type']!r}")
-    out["eval_script"] = eval_script_for(out)
+    if out.get("eval_script") or out.get("test_cmd"):
+        out["eval_script"] = eval_script_for(out)
+    else:
+        # An official row (swebench < 5 format): its spec (specs.py) says how to install and test it;
+        # the eval script depends on the image it runs in (eval_script.script_for), chosen per instance.
+        out.pop("eval_script", None)
     return out
 
 
@@ -217,12 +221,25 @@ def load_instances(spec: str | Path, repos: str | Path | None = None, instances:
     return [_task(inst, where, path.parent if path.is_file() else path, repos, timeout) for where, inst in checked]
 
 
+def local_repo(repos, repo: str) -> Path | None:
+    """REPOS/owner__name: a clone (or bare repository), else REPOS/owner__name.bundle, cloned once into
+    the cache (a bundle is how a repository travels as one file, e.g. the repository at base_commit)."""
+    if repos is None:
+        return None
+    clone = Path(repos) / repo.replace("/", "__")
+    if (clone / ".git").exists() or (clone / "HEAD").exists():
+        return clone.resolve()
+    bundle = clone.with_name(clone.name + ".bundle")
+    if bundle.is_file():
+        try:
+            return clone_bundle(bundle)
+        except SourceError as e:
+            raise TaskError(f"--repos: {e}") from None
+    return None
+
+
 def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
-    git_repo = None
-    if repos is not None:
-        clone = Path(repos) / inst["repo"].replace("/", "__")
-        if (clone / ".git").exists() or (clone / "HEAD").exists():
-            git_repo = clone.resolve()
+    git_repo = local_repo(repos, inst["repo"])
     if git_repo is None and inst.get("polar_source"):
         try:
             git_repo = ensure_repo(inst, base)
@@ -239,5 +256,5 @@ def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
         git_commit=inst["base_commit"] if git_repo is not None else None,
         timeout=float(inst.get("timeout", timeout)),
         eval_timeout=float(eval_timeout),
-        swebench=inst,
+        swebench={**inst, "polar_repos": str(Path(repos).resolve()) if repos is not None else None},
     )

@@ -123,3 +123,25 @@ def ensure_repo(inst: dict, base: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def clone_bundle(bundle: Path) -> Path:
+    """A git bundle (REPOS/owner__name.bundle) cloned once into $POLAR_CACHE/swebench/repos/, keyed by
+    its sha256 (a changed bundle gets a fresh clone). The image build then fetches base_commit from it."""
+    digest = sha256(bundle)[:16]
+    dest = polar_cache("swebench", "repos", f"{bundle.stem}-{digest}")
+    if (dest / ".git").is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{bundle.stem}-", dir=dest.parent))
+    try:
+        git(["clone", "-q", "--no-checkout", str(bundle.resolve()), str(tmp / "repo")], dest.parent)
+        try:
+            (tmp / "repo").rename(dest)
+        except OSError:  # a concurrent clone won: use it
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not (dest / ".git").is_dir():
+        raise SourceError(f"cloning {bundle} did not give a repository at {dest}")
+    return dest
