@@ -157,7 +157,7 @@ def log_calls(sources: list[Source], episodes: dict[str, set[str] | None]) -> tu
     df = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
     calls = df.filter(pl.col("kind") == KIND_CALL).drop("reward", "metadata")
     ends = (df.filter(pl.col("kind") == KIND_END).select("harness", "episode_id", "reward", "metadata", "path")
-            .unique("episode_id", keep="last", maintain_order=True))
+            .unique(["harness", "episode_id"], keep="last", maintain_order=True))
     return calls, ends, errors
 
 
