@@ -55,6 +55,7 @@ def load(sources: list[Source]) -> Data:
         mine = set(rows.filter(pl.col("harness") == s.name)["episode_id"].to_list())
         if not recs.is_empty():
             mine |= set(recs.filter(pl.col("source") == s.name)["episode_id"].to_list())
+        mine |= set((frames.manifest(s).get("excluded") or {}))  # left out by recon: their logs tell why
         ids[s.name] = mine if (s.shards or s.records) else None  # a bare logdir: all its logs
     calls, ends, errors = frames.log_calls(sources, ids)
     ends = frames.end_metadata(ends)
@@ -62,9 +63,16 @@ def load(sources: list[Source]) -> Data:
     bare = {s.name for s in sources if ids[s.name] is None and s.label is None}
     if bare and not ends.is_empty():
         by_meta = ends.select("episode_id", pl.col("meta").struct.field("harness").alias("_h"))
+        # an unfinished episode has no end record: it goes with its directory's only harness, if one
+        only = {}
+        for b in bare:
+            names = ends.filter(pl.col("harness") == b)["meta"].struct.field("harness").drop_nulls().unique().to_list()
+            if len(names) == 1:
+                only[b] = names[0]
         calls = calls.join(by_meta, on="episode_id", how="left").with_columns(
-            pl.when(pl.col("harness").is_in(list(bare)) & pl.col("_h").is_not_null()).then(pl.col("_h"))
-            .otherwise(pl.col("harness")).alias("harness")).drop("_h")
+            pl.when(pl.col("harness").is_in(list(bare)))
+            .then(pl.coalesce(pl.col("_h"), pl.col("harness").replace(only))).otherwise(pl.col("harness"))
+            .alias("harness")).drop("_h")
         ends = ends.with_columns(
             pl.when(pl.col("harness").is_in(list(bare)) & pl.col("meta").struct.field("harness").is_not_null())
             .then(pl.col("meta").struct.field("harness")).otherwise(pl.col("harness")).alias("harness"))

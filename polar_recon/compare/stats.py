@@ -75,21 +75,19 @@ def _counts(s: pl.Series) -> dict[str, int]:
 def _episodes(data: Data, h: str, eps: pl.DataFrame) -> dict[str, Any]:
     recs = data.records.filter(pl.col("harness") == h) if not data.records.is_empty() else data.records
     excluded: dict[str, list[str]] = {}
+    seen: set[str] = set()
     for m in data.manifests.get(h, []):
         for eid, v in (m.get("excluded") or {}).items():
-            reason = v.get("reason") if isinstance(v, dict) else None
-            excluded.setdefault(str(reason or "unknown"), []).append(eid)
+            v = v if isinstance(v, dict) else {}
+            # the reason recon gave, refined by the rollout's status (discard: eval_error, ...)
+            key = str(v.get("reason") or "unknown") + (f": {v['status']}" if v.get("status") else "")
+            excluded.setdefault(key, []).append(eid)
+            seen.add(eid)
     ends = data.ends.filter(pl.col("harness") == h) if not data.ends.is_empty() else data.ends
-    if not ends.is_empty():  # discarded by the rollout (end metadata), with its status as the reason
-        disc = ends.filter(pl.col("meta").struct.field("discard").fill_null(False))
+    if not ends.is_empty():  # discarded by the rollout (end metadata) but not in a manifest: no recon ran
+        disc = ends.filter(pl.col("meta").struct.field("discard").fill_null(False) & ~pl.col("episode_id").is_in(seen))
         for eid, st in zip(disc["episode_id"].to_list(), disc["meta"].struct.field("status").to_list()):
-            key = f"discard: {st or 'unknown'}"
-            if eid not in excluded.get("discard", []):
-                excluded.setdefault(key, []).append(eid)
-            else:  # the manifest's "discard" (no status) refined by the end record's status
-                excluded["discard"].remove(eid)
-                excluded.setdefault(key, []).append(eid)
-        excluded = {k: v for k, v in excluded.items() if v}
+            excluded.setdefault(f"discard: {st or 'unknown'}", []).append(eid)
     by_status = _counts(recs["status"]) if not recs.is_empty() else {}
     errored = recs.filter(pl.col("status").is_in(["error", "crashed", "eval_error", "interrupted"])) \
         if not recs.is_empty() else recs
