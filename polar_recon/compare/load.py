@@ -55,7 +55,7 @@ def load(sources: list[Source]) -> Data:
         mine = set(rows.filter(pl.col("harness") == s.name)["episode_id"].to_list())
         if not recs.is_empty():
             mine |= set(recs.filter(pl.col("source") == s.name)["episode_id"].to_list())
-        mine |= set((frames.manifest(s).get("excluded") or {}))  # left out by recon: their logs tell why
+        mine |= set(frames.manifest(s).get("excluded") or {})  # left out by recon: their logs tell why
         ids[s.name] = mine if (s.shards or s.records) else None  # a bare logdir: all its logs
     calls, ends, errors = frames.log_calls(sources, ids)
     ends = frames.end_metadata(ends)

@@ -36,8 +36,8 @@ def _colors(names: list[str]) -> dict[str, str]:
 
 
 def _reward_fig(hs: dict[str, Any]):
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     names = list(hs)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("reward mean, 95% CI (Student t)",
@@ -57,8 +57,8 @@ def _reward_fig(hs: dict[str, Any]):
 
 
 def _box_fig(hs: dict[str, Any]):
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     keys = (("prompt_tokens", "prompt tokens / episode"), ("completion_tokens", "completion tokens / episode"),
             ("calls", "calls / episode"))
@@ -89,8 +89,8 @@ def _phase_fig(hs: dict[str, Any]):
 
 
 def _fidelity_fig(hs: dict[str, Any]):
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("re-rendered share of context tokens, by class",
                                                         "chain breaks (new segments) per episode"))
@@ -125,8 +125,8 @@ def _termination_fig(hs: dict[str, Any]):
 
 
 def _version_fig(hs: dict[str, Any]):
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("reward mean by weight version", "solve rate by weight version"))
     col = _colors(list(hs))
@@ -143,8 +143,8 @@ def _version_fig(hs: dict[str, Any]):
 
 
 def _training_figs(trainers: dict[str, Any]) -> list:
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     keys = [k for k in CURVES if any(k in t["curves"] for t in trainers.values())]
     if not keys:
@@ -208,6 +208,13 @@ def _episodes_section(name: str, h: dict[str, Any], views: dict[str, str]) -> st
                         [r["tokens_per_episode"]["max_episode"]]))
     if c.get("calls_per_episode"):
         items.append(ul(f"most calls ({c['calls_per_episode']['max']:.0f})", [c["calls_per_episode"]["max_episode"]]))
+    if c.get("prompt_tokens_per_episode"):
+        items.append(ul(f"most prompt tokens ({c['prompt_tokens_per_episode']['max']:.0f})",
+                        [c["prompt_tokens_per_episode"]["max_episode"]]))
+    for p, d in (h.get("phases_s") or {}).items():
+        if d:
+            items.append(ul(f"slowest {p} phase ({d['max']:.2f} s)", [d["max_episode"]]))
+    items.append(ul("with failed calls", c.get("failed_refs") or []))
     for k, ids in h["episodes"]["refs"]["excluded"].items():
         items.append(ul(f"excluded: {k}", ids, h["episodes"]["excluded"].get(k)))
     items.append(ul("errors", h["episodes"]["refs"]["errors"], h["episodes"]["errors"]))

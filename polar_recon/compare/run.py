@@ -21,11 +21,12 @@ class CompareError(ValueError):
 
 def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     """Per harness: what `polar-recon drift` measures (retokenize vs token), over the episodes' logs."""
+    from polar_contracts.log.arrays import read_calls
+    from polar_contracts.log.table import LogError
+
     from ..link import TurnMarkers
     from ..report import Drift, drift_episode
     from ..strategies import ReconError, Retokenizer
-    from polar_contracts.log.arrays import read_calls
-    from polar_contracts.log.table import LogError
 
     m, retok = TurnMarkers.load(tokenizer), Retokenizer(tokenizer)
     out = {}
@@ -35,7 +36,8 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     discard = ends["meta"].struct.field("discard").fill_null(False)
     for h in ends.filter(~discard)["harness"].unique().sort().to_list():
         d = Drift()
-        for p in ends.filter((pl.col("harness") == h) & ~discard)["path"].to_list():  # one episode each: re-linking is per episode
+        # one episode at a time: linking and re-tokenizing are per episode (what `drift` does)
+        for p in ends.filter((pl.col("harness") == h) & ~discard)["path"].to_list():
             try:
                 drift_episode(read_calls(p, with_requests=True), m, retok, d, h)
             except (LogError, ReconError) as exc:
