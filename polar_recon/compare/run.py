@@ -49,6 +49,9 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
 def run_compare(inputs: list[str], logdirs: list[str], trainers: list[str], *, solved_at: float = 1.0,
                 drift: bool = False, tokenizer: str | os.PathLike | None = None, html_path: str | None = None,
                 max_views: int = 20) -> dict[str, Any]:
+    from ..link import DEFAULT_TOKENIZER
+
+    tokenizer = tokenizer or DEFAULT_TOKENIZER
     try:
         data = load(resolve(inputs, logdirs))
     except (SourceError, ShardError, ValueError) as exc:
