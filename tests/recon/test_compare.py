@@ -250,3 +250,35 @@ def test_bad_inputs_are_named(tmp_path):
     _, out = _synthetic(tmp_path / "s")
     r = CliRunner().invoke(main, ["compare", str(out), "--trainer", str(tb)])
     assert r.exit_code != 0 and "TensorBoard event files" in r.output and "trainer_state.json" in r.output
+
+
+def test_drift_per_harness_matches_polar_recon_drift(stores):
+    rep = _compare(stores, "--drift")
+    for h in HARNESSES:
+        r = CliRunner().invoke(main, ["drift", str(stores / h / "logs"), "--json"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        want = json.loads(r.stdout)
+        got = rep["harnesses"][h]["drift"]
+        for k in ("episodes", "trainable_tokens", "retokenize_differing_tokens", "retokenize_sequences_affected",
+                  "per_call_tokens", "token_sequence_tokens"):
+            assert got[k] == want[k], (h, k)
+
+
+def test_bench_synthesizes_a_store_the_report_reads(tmp_path):
+    import subprocess
+    import sys
+
+    _, out = _synthetic(tmp_path / "src")
+    keep = tmp_path / "bench"
+    r = subprocess.run([sys.executable, str(L.REPO / "bench" / "bench_compare.py"), "--from", f"synth={out}",
+                        "--episodes", "40", "--repeat", "1", "--json", "--keep", str(keep)],
+                       capture_output=True, text=True, timeout=300, cwd=L.REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["episodes"] == 40 and res["rows"] == 40 and res["floor_s"] > 0 and res["report_over_floor"] > 0
+    rep = _compare(keep / "experiment")
+    h = rep["harnesses"]["synth"]
+    assert h["episodes"]["built"] == h["episodes"]["recorded"] == 40
+    t = pa.concat_tables(pq.read_table(p) for p in sorted((keep / "experiment" / "synth" / "shards").glob("*.parquet")))
+    assert h["reward"]["mean"] == pytest.approx(float(np.mean(t["reward"].to_numpy())))
+    assert sum(v["episodes"] for v in h["by_weight_version"]) == 40 and len(h["by_weight_version"]) > 1
