@@ -66,9 +66,14 @@ def records(sources: list[Source]) -> pl.DataFrame:
     for s in sources:
         buf = io.BytesIO()
         for p in s.records:
-            data = p.read_bytes().strip()
+            data = p.read_bytes()
+            if p.suffix == ".jsonl":
+                # appended and flushed per line: a run killed mid-write leaves a torn last line with
+                # no newline (node/records.py ignores it too)
+                data = data[:data.rfind(b"\n") + 1]
+            data = data.strip()
             if data:
-                buf.write(data + b"\n")  # a record JSON is one line; episodes.jsonl already is lines
+                buf.write(data + b"\n")  # a record JSON (fleet store) is one object on one line
         if not buf.tell():
             continue
         buf.seek(0)

@@ -282,3 +282,18 @@ def test_bench_synthesizes_a_store_the_report_reads(tmp_path):
     t = pa.concat_tables(pq.read_table(p) for p in sorted((keep / "experiment" / "synth" / "shards").glob("*.parquet")))
     assert h["reward"]["mean"] == pytest.approx(float(np.mean(t["reward"].to_numpy())))
     assert sum(v["episodes"] for v in h["by_weight_version"]) == 40 and len(h["by_weight_version"]) > 1
+
+
+def test_rollout_records_last_line_wins_and_a_torn_tail_is_ignored(tmp_path):
+    _, out = _synthetic(tmp_path)
+    (out / "rollout").mkdir()
+    recs = [{"episode_id": "ok-1", "harness": "synth", "status": "error", "reward": 0.0},
+            {"episode_id": "ok-1", "harness": "synth", "status": "done", "reward": 1.0,
+             "phases": {"run": [10.0, 12.5], "eval": [12.5, 13.0]}},
+            {"episode_id": "ok-2", "harness": "synth", "status": "done", "reward": 0.0,
+             "phases": {"run": [10.0, 11.5], "eval": [11.5, 13.0]}}]
+    (out / "rollout" / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"episode_id": "to')
+    h = _compare(out)["harnesses"]["synth"]
+    assert h["episodes"]["recorded"] == 2 and h["episodes"]["by_status"] == {"done": 2}
+    assert h["phases_s"]["agent"]["mean"] == pytest.approx(2.0) and h["phases_s"]["agent"]["max_episode"] == "ok-1"
+    assert h["phases_s"]["eval"]["max"] == pytest.approx(1.5) and h["phases_s"]["prewarm"] is None
