@@ -120,7 +120,7 @@ def _termination_fig(hs: dict[str, Any]):
         fig.add_trace(go.Bar(x=list(hs), y=[h["episodes"]["excluded"].get(k, 0) for h in hs.values()],
                              name=f"excluded: {k}", marker_pattern_shape="/"))
     fig.update_layout(barmode="stack", title="How episodes ended (built: termination; left out: reason)",
-                      yaxis_title="episodes")
+                      yaxis_title="episodes", showlegend=True)
     return fig
 
 
@@ -164,7 +164,10 @@ def _training_figs(trainers: dict[str, Any]) -> list:
     figs = [(fig, 260 * rows)]
     dk = [k for k in DISTRIBUTIONS if any(k in t["curves"] for t in trainers.values())]
     if dk:
-        d = make_subplots(rows=1, cols=len(dk), subplot_titles=dk)
+        short = {"sampling/importance_sampling_ratio/mean": "IS ratio (mean per step)",
+                 "sampling/importance_sampling_ratio/masked_frac": "IS masked share",
+                 "polar/excluded_share": "excluded share", "polar/policy_lag": "policy lag"}
+        d = make_subplots(rows=1, cols=len(dk), subplot_titles=[short.get(k, k) for k in dk])
         for i, k in enumerate(dk, 1):
             for n, t in trainers.items():
                 pts = t["curves"].get(k)
