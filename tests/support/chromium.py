@@ -120,3 +120,14 @@ def open_page(path: Path, expression: str, *, width: int = 1400, height: int = 1
             proc.kill()
             proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+if __name__ == "__main__":  # python -m tests.support.chromium PAGE.html OUT.png [HEIGHT]: how docs/*.png are made
+    import sys
+
+    r = open_page(Path(sys.argv[1]), "document.body.scrollHeight",
+                  height=int(sys.argv[3]) if len(sys.argv) > 3 else 1600, settle=3.0)
+    if r.errors:
+        raise SystemExit(f"console errors: {r.errors}")
+    Path(sys.argv[2]).write_bytes(r.screenshot)
+    print(f"wrote {sys.argv[2]} (page height {r.value}px)")
