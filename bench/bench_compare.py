@@ -119,14 +119,19 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", help="write the synthetic experiment here and keep it")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: measure the experiment already there")
     args = ap.parse_args(argv)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="polar-bench-compare-"))
     root = tmp / "experiment"
     try:
-        if root.exists():
-            shutil.rmtree(root)
         t0 = time.perf_counter()
-        info = synthesize(args.src, root, args.episodes, only=tuple(args.harness))
+        if args.reuse and (tmp / "synth.json").exists():
+            info = json.loads((tmp / "synth.json").read_text())
+        else:
+            if root.exists():
+                shutil.rmtree(root)
+            info = synthesize(args.src, root, args.episodes, only=tuple(args.harness))
+            (tmp / "synth.json").write_text(json.dumps(info))
         synth_s = time.perf_counter() - t0
         _floor(root)  # warm the page cache
         floor, report, page = [], [], []
