@@ -19,6 +19,7 @@ class Data:
     ends: pl.DataFrame  # log end records (with `meta`)
     manifests: dict[str, list[dict]] = field(default_factory=dict)  # harness -> its sources' manifests
     log_errors: list[tuple[str, str]] = field(default_factory=list)
+    rename: dict[str, str] = field(default_factory=dict)  # source name -> the harness its records name
 
     @property
     def harnesses(self) -> list[str]:
@@ -91,4 +92,4 @@ def load(sources: list[Source]) -> Data:
         if m:
             manifests.setdefault(rename.get(s.name, s.name), []).append(m)
     return Data(sources=sources, rows=rows, episodes=episodes_of(rows), records=recs, calls=calls, ends=ends,
-                manifests=manifests, log_errors=errors)
+                manifests=manifests, log_errors=errors, rename=rename)
