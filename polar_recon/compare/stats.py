@@ -220,6 +220,6 @@ def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
 
 def compare(data: Data, solved_at: float = 1.0) -> dict[str, Any]:
     return {"harnesses": {h: harness_stats(data, h, solved_at) for h in data.harnesses},
-            "sources": [{"harness": data.rename.get(s.name, s.name), "root": str(s.root), "shards": len(s.shards), "records": len(s.records),
-                         "logdirs": [str(d) for d in s.logdirs]} for s in data.sources],
+            "sources": [{"harness": data.rename.get(s.name, s.name), "root": str(s.root), "shards": len(s.shards),
+                         "records": len(s.records), "logdirs": [str(d) for d in s.logdirs]} for s in data.sources],
             "log_errors": [{"path": p, "error": e} for p, e in data.log_errors]}
