@@ -37,28 +37,38 @@ class ShardError(ValueError):
     """A shard that cannot be read as one (not Parquet, no episode_id column); names the file."""
 
 
-def _scan_shard(path: Path) -> pl.LazyFrame:
+def _schema_names(path: Path) -> frozenset[str]:
     try:
-        have = set(pq.read_schema(path).names)
+        return frozenset(pq.read_schema(path).names)  # the footer only
     except (OSError, pa.ArrowInvalid) as exc:
         raise ShardError(f"{path}: not a readable Parquet shard ({exc})") from None
+
+
+def _scan(paths: list[Path], have: frozenset[str]) -> pl.LazyFrame:
+    """One scan over shards of one schema (older builds lack the fidelity / sampling columns: null)."""
     missing = [c for c in ("episode_id", "input_ids", "loss_mask", "reward") if c not in have]
     if missing:
-        raise ShardError(f"{path}: not a Polar shard (no {', '.join(missing)} column)")
-    lf = pl.scan_parquet(path)
+        raise ShardError(f"{paths[0]}: not a Polar shard (no {', '.join(missing)} column)")
     cols = [pl.col(c) if c in have else pl.lit(None, t).alias(c) for c, t in SHARD_COLS.items()]
     # tokens from loss_mask's lengths: the same as input_ids' (the shard contract), and int8 lists
     # decode at a quarter of the int32 ids' bytes, so input_ids is never read
-    return lf.select(*cols, pl.col("loss_mask").list.len().cast(pl.Int64).alias("tokens"),
-                     pl.col("loss_mask").list.sum().cast(pl.Int64).alias("trainable"))
+    return pl.scan_parquet(paths).select(*cols, pl.col("loss_mask").list.len().cast(pl.Int64).alias("tokens"),
+                                         pl.col("loss_mask").list.sum().cast(pl.Int64).alias("trainable"))
 
 
 def shard_rows(sources: list[Source]) -> pl.DataFrame:
-    """One row per shard row: the SHARD_COLS, tokens, trainable, harness."""
-    frames = [_scan_shard(p).with_columns(pl.lit(s.name).alias("harness")) for s in sources for p in s.shards]
+    """One row per shard row: the SHARD_COLS, tokens, trainable, harness. One lazy scan per source
+    and schema, not one per file: polars plans and parallelizes the whole list at once (a scan per
+    file, hundreds of them collected together, exhausts polars' blocking-thread pool)."""
+    frames = []
+    for s in sources:
+        groups: dict[frozenset[str], list[Path]] = {}
+        for p in s.shards:
+            groups.setdefault(_schema_names(p), []).append(p)
+        frames += [_scan(ps, have).with_columns(pl.lit(s.name).alias("harness")) for have, ps in groups.items()]
     if not frames:
         return pl.DataFrame(schema={**SHARD_COLS, "tokens": pl.Int64, "trainable": pl.Int64, "harness": pl.String})
-    return pl.concat(pl.collect_all(frames))
+    return pl.concat(frames).collect()
 
 
 def records(sources: list[Source]) -> pl.DataFrame:
