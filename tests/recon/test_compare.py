@@ -205,7 +205,11 @@ def _synthetic(tmp_path: Path) -> tuple[Path, Path]:
     logdir.mkdir(parents=True)
     meta = {"harness": "synth", "group_id": "g"}
     L.episode(logdir, "ok-1", L.two_tool_turns, reward=1.0, metadata=meta)
-    L.episode(logdir, "ok-2", L.two_tool_turns, reward=0.0, metadata=meta)
+    def with_title_call(c):  # Claude Code's title call between agent calls: logged, never trained
+        c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
+        L.auxiliary_call(c.w)
+        c.call(L.Sample("Done.", "hello.txt contains hi.", []))
+    L.episode(logdir, "ok-2", with_title_call, reward=0.0, metadata=meta)
     L.episode(logdir, "bad-1", L.two_tool_turns, reward=0.0,
               metadata={**meta, "discard": True, "status": "eval_error", "reason": "no test output"})
     L.episode(logdir, "running-1", L.two_tool_turns, end=False)
@@ -224,6 +228,14 @@ def test_exclusions_and_bare_logdirs(tmp_path):
     assert h["episodes"]["refs"]["excluded"] == {"discard: eval_error": ["bad-1"]}
     assert h["reward"]["mean"] == 0.5 and h["reward"]["solve_rate"] == 0.5
     assert h["reward"]["refs"]["unsolved"] == ["ok-2"]
+    # samples not trained: the manifest's excluded calls, by reason, with their episodes
+    want: dict[str, int] = {}
+    for calls in man["excluded_calls"].values():
+        for c in calls:
+            want[c["reason"]] = want.get(c["reason"], 0) + 1
+    assert want and h["not_trained"]["samples"] == want
+    assert all(ids == ["ok-2"] for ids in h["not_trained"]["refs"].values())
+    assert h["calls"]["auxiliary_calls"] == 1
     # a bare log directory: grouped by the end metadata's harness; the unfinished log counts calls only
     rep = _compare(logdir)
     assert list(rep["harnesses"]) == ["synth"]
