@@ -32,13 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from polar_recon.compare.frames import SHARD_COLS  # noqa: E402
-from polar_recon.compare.frames import records as read_records  # noqa: E402
-from polar_recon.compare.run import run_compare  # noqa: E402
-from polar_recon.compare.sources import resolve  # noqa: E402
+from polar_recon.compare.frames import SHARD_COLS
+from polar_recon.compare.frames import records as read_records
+from polar_recon.compare.run import run_compare
+from polar_recon.compare.sources import resolve
 
 ROWS_PER_SHARD = 256
 VERSIONS = 8
