@@ -12,6 +12,7 @@ Logs a source does not hold itself (a shared proxy logdir) are looked up in ``--
 from __future__ import annotations
 
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,12 @@ def resolve(inputs: list[str], logdirs: list[str | os.PathLike] = ()) -> list[So
             raise SourceError(f"--logdir {d}: not a directory")
     for spec in inputs:
         label, _, path = spec.rpartition("=") if "=" in spec and not Path(spec).exists() else (None, "", spec)
+        u = urllib.parse.urlsplit(path)
+        if u.scheme == "file":  # a fleet's --store URI on this machine
+            path = urllib.parse.unquote(u.path)
+        elif u.scheme and "://" in path:
+            raise SourceError(f"{spec}: only local stores are read ({u.scheme}:// is not; mount or copy the store "
+                              f"and pass its path)")
         p = Path(path)
         if not p.is_dir():
             raise SourceError(f"{spec}: not a directory")

@@ -262,6 +262,9 @@ def test_bad_inputs_are_named(tmp_path):
     _, out = _synthetic(tmp_path / "s")
     r = CliRunner().invoke(main, ["compare", str(out), "--trainer", str(tb)])
     assert r.exit_code != 0 and "TensorBoard event files" in r.output and "trainer_state.json" in r.output
+    r = CliRunner().invoke(main, ["compare", "s3://bucket/run/pi"])
+    assert r.exit_code != 0 and "only local stores are read (s3:// is not" in r.output
+    assert _compare(f"synth={out.as_uri()}")["harnesses"]["synth"]["episodes"]["built"] == 2  # a file:// store URI
 
 
 def test_drift_per_harness_matches_polar_recon_drift(stores):
