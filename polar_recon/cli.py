@@ -1,4 +1,4 @@
-"""The `polar-recon` command line: build / watch / inspect / drift / stats / show."""
+"""The `polar-recon` command line: build / watch / inspect / drift / stats / show / compare."""
 from __future__ import annotations
 
 import json
@@ -261,6 +261,44 @@ def show(episode, html_path, logdir, tokenizer):
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(html_path)
     click.echo(f"wrote {html_path} ({len(page)} bytes)")
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, metavar="[NAME=]STORE_OR_LOGDIR...")
+@click.option("--logdir", "logdirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="where the sources' capture logs are when not in their own logs/ (a shared proxy logdir); repeatable")
+@click.option("--trainer", "trainers", multiple=True, metavar="[HARNESS=]PATH",
+              help="the trainer's trainer_state.json (or its output dir) for HARNESS's training curves; repeatable")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="write the self-contained HTML report here (token views of the named episodes beside it, "
+                   "in FILE's name + _episodes/)")
+@click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object instead of the table")
+@click.option("--solved-at", type=float, default=1.0, show_default=True, help="an episode is solved at reward >= this")
+@click.option("--drift", "with_drift", is_flag=True,
+              help="also measure the drift text re-tokenization would cause (re-links every episode: slow)")
+@click.option("--max-views", type=int, default=20, show_default=True, help="token views written per harness")
+@tokenizer_opt
+def compare(inputs, logdirs, trainers, html_path, as_json, solved_at, with_drift, max_views, tokenizer):
+    """Harnesses side by side: episodes, calls, tokens, phase times, reward, fidelity, exclusions,
+    training curves, per harness (and per weight version), from stores, rollout outputs, an
+    experiment's store root or log directories (docs/report.md)."""
+    from .compare.run import CompareError, run_compare
+
+    try:
+        report = run_compare(list(inputs), list(logdirs), list(trainers), solved_at=solved_at, drift=with_drift,
+                             tokenizer=tokenizer, html_path=html_path, max_views=max_views)
+    except CompareError as exc:
+        raise click.ClickException(str(exc)) from None
+    for e in report["log_errors"]:
+        click.echo(f"log not read: {e['path']}: {e['error']}", err=True)
+    if as_json:
+        click.echo(json.dumps(report, default=str))
+    else:
+        from .compare.table import render
+
+        render(report)
+    if html_path:
+        click.echo(f"wrote {html_path}", err=as_json)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None):
     trainer = build(script, cfg)
     trainer.train(resume_from_checkpoint=True if script.resume else None)
     trainer.save_model(cfg.output_dir)
+    # trainer_state.json (its log_history: every logged metric per step) beside the model, also when
+    # no checkpoint was saved: `polar-recon compare --trainer` draws the training curves from it.
+    trainer.save_state()
     # The final cursor next to the final model, so a new run can start where this one stopped.
     trainer.shard_source.cursor.save(cfg.output_dir)
     return trainer

@@ -19,7 +19,9 @@
    task, pipelined
 5. polar-recon build: token-faithful shards
 6. a few GRPO steps with polar-train (trainer/train_grpo.py) on those shards
-7. a summary: episodes, rewards, trainable tokens, where the files are
+7. polar-recon compare: the run's report (terminal table; OUT/report.html with plots, training
+   curves from the trainer's trainer_state.json, and token views of the episodes it names)
+8. a summary: episodes, rewards, trainable tokens, where the files are
 
     python -m harness_recipes.demo [--server vllm|polar-serve] [--harness pi|qwen-code|codex|claude-code]
                                    [--out runs/demo]
@@ -172,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or len(TASKS.read_text().splitlines())  # one group per task: each gets a step
     step(f"GRPO: {steps} steps with TRL on the shards")
     train(model, shards, ckpt, args.samples, steps, served_default_temperature(args.server, model))
-    info = {"server": args.server, **summary(out, logdir, shards, ckpt, time.monotonic() - t0)}
+    step("polar-recon compare: the report of this run (terminal table; HTML with plots and token views)")
+    run([sys.executable, "-m", "polar_recon.cli", "compare", str(base), "--trainer", str(ckpt),
+         "--html", str(base / "report.html")], timeout=600)
+    info = {"server": args.server, **summary(out, logdir, shards, ckpt, time.monotonic() - t0),
+            "report": str(base / "report.html")}
     step("summary")
     for k, v in info.items():
         print(f"  {k:18} {v}")
