@@ -21,6 +21,7 @@ from harness_recipes.node.records import Records
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
 from harness_recipes.tasks.task_file import Task
+from polar_contracts.auxiliary import METADATA_KEY as AUX_KEY
 from polar_contracts.log.reader import LogError, read_episode
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
@@ -221,6 +222,10 @@ class Pipeline:
                 "status": r.get("status"), "discard": discard,
                 # how the harness was confined: none marks an unsandboxed episode on every row
                 "isolation": self.runtime.isolation}
+        if self.recipe.auxiliary:
+            # how this harness's auxiliary calls look (a title call, ...): the log reader flags them so
+            # they are never trained with the episode's reward (polar_contracts/auxiliary.py)
+            meta[AUX_KEY] = [{"name": a.name, "match": dict(a.match)} for a in self.recipe.auxiliary]
         if r.get("error"):
             meta["reason"] = r["error"][:500]
         if "eval" in r:

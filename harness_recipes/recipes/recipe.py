@@ -16,6 +16,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from polar_contracts.auxiliary import AuxiliaryRuleError, parse_rule
+
 APIS = ("chat", "completions", "responses", "messages", "gemini")
 INSTALL_KINDS = ("npm", "pip", "none")
 EPISODE_VIA = ("header", "path")
@@ -167,6 +169,11 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         Auxiliary(name=_need(a, "name", str, f"{where} auxiliary[{i}]"), why=a.get("why", ""), match=a.get("match", {}))
         for i, a in enumerate(data.get("auxiliary", []))
     )
+    for i, a in enumerate(aux):  # the rule's own checks (unknown match keys are errors, not ignored)
+        try:
+            parse_rule({"name": a.name, "match": a.match}, f"{where} auxiliary[{i}]")
+        except AuxiliaryRuleError as exc:
+            raise RecipeError(str(exc)) from exc
     via = _choice(_need(episode, "via", str, f"{where} [episode]"), EPISODE_VIA, f"{where} [episode].via")
     recipe = Recipe(
         name=_need(data, "name", str, where),

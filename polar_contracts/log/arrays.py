@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from polar_contracts.auxiliary import AuxiliaryRuleError, first_match, rules_from_metadata
 from polar_contracts.episode_ids import episode_id_of, is_log_file
 from polar_contracts.log.schema import KIND_CALL, KIND_END, SCHEMA
 from polar_contracts.log.table import LogError, full_requests, read_table, unpack, upgrade_batch
@@ -209,6 +210,11 @@ def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episo
 def _read_calls(path: Path, with_requests: bool) -> Episode:
     table, torn = read_table(path)
     finished, reward, metadata = _end_record(table, path)
+    try:
+        # the recipe's own description of its auxiliary calls, sent by the rollout node (auxiliary.py)
+        aux_rules = rules_from_metadata(metadata, str(path))
+    except AuxiliaryRuleError as exc:
+        raise LogError(str(exc)) from exc
     # (to_pylist: to_numpy on a string column imports pandas, ~0.6 s)
     is_call = np.asarray([k == KIND_CALL for k in table.column("kind").to_pylist()], dtype=bool)
     n_calls = int(is_call.sum())
@@ -246,6 +252,10 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
             completion = None if comp is None else seq[len(prompt):]
         seqs.append(seq)
         info = {c: scalars[c][i] for c in _SCALARS}
+        if aux_rules and not info["auxiliary"]:
+            rule = first_match(aux_rules, info["api"], all_requests[i])
+            if rule is not None:
+                info["auxiliary"], info["auxiliary_rule"] = True, rule
         if all_requests[i] is not None and any(info[k] is None for k in PARAMS):
             # a v2 log (no sampling columns) or an unknown default: what the request set itself
             # is what the server applied (the rest stays unknown)

@@ -80,6 +80,17 @@ def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, r
         assert len(row["completion_logprobs"]) == len(row["completion_ids"])
     assert rec["n_calls"] == log.calls.height
 
+    # The recipe's [[auxiliary]] rules travel in the end metadata and the log reader flags what they
+    # match (OpenCode's title call is a plain chat call: no translator can recognise it).
+    from polar_contracts.auxiliary import METADATA_KEY
+    from polar_contracts.log.arrays import read_calls
+    recipe = load_recipe(harness)
+    assert [r["name"] for r in log.metadata.get(METADATA_KEY, [])] == [a.name for a in recipe.auxiliary]
+    flagged = [c for c in read_calls(logdir / f"{rec['episode_id']}.arrow").calls if c.info.get("auxiliary_rule")]
+    assert all(not c.usable and c.why_unusable == "auxiliary" for c in flagged)
+    if harness == "opencode":
+        assert [c.info["auxiliary_rule"] for c in flagged] == ["session-title"], "OpenCode's title call is not flagged"
+
     # polar-rollout built the shards into OUT (recon build, or watch + a final build).
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
