@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from addon import call as calls
-from addon.capture import dumps_faithful
+from addon.capture import dumps_faithful, dumps_stripped
 from addon.redact import credential_values
-from addon.server_dialects import plan_request
+from addon.server_dialects import plan_request, sglext_header_flags, strip_response
 from addon.sse import SSEParser
 from addon.stream import serialize_event
 from polar_contracts.control import ControlRequestError, parse_end_body
@@ -109,6 +109,30 @@ def test_serialize_event_keeps_other_fields():
 def test_dumps_faithful_keeps_number_text():
     raw = b'{"a":-1.19e-7,"b":1e-05,"c":123456789012345678901234567890,"d":[1,2],"e":"\xc3\xa9"}'
     assert dumps_faithful(raw, lambda o: o.pop("d")) == raw.replace(b',"d":[1,2]', b"")
+
+
+@pytest.mark.parametrize("text", [rb"\ud83d", rb"\ude00", rb"\ud83d\ude00", rb"\uD83D", b"\\u00e9 \xc3\xa9",
+                                  rb"\/", rb"\\ud83d", rb"\u001F \" \n \\"])
+@pytest.mark.parametrize("spaced", [False, True])
+def test_dumps_stripped_writes_every_escape_back_as_it_was(text, spaced):
+    raw = (b'{"choices":[{"index":0,"delta":{"content":"<' + text + b'>"},"logprobs":{"content":[{"token":"'
+           + text + b'","logprob":-1.19e-7}]},"token_ids":[5]}],"usage":{"x":12345678901234567890123}}')
+    if spaced:  # (a Python json.dumps server: its floats are Python's repr)
+        raw = raw.replace(b'":', b'": ').replace(b',"', b', "').replace(b"-1.19e-7", b"-1.19e-07")
+    want = raw.replace(b"[5]", b"null")
+    assert dumps_stripped(raw, lambda o: o["choices"][0].update(token_ids=None)) == want
+
+
+def test_sglext_ids_asked_by_header_are_the_harness_own():
+    h = {"x-sglext-return-output-ids": "1", "x-sglext-return-input-ids": "true"}  # (SGLang: exactly "1")
+    flags = sglext_header_flags("sglang", h)
+    assert flags == {"return_output_ids_in_sglext"} and sglext_header_flags("vllm", h) == frozenset()
+    plan = plan_request("chat", "sglang", {"stream": True}, flags)
+    assert "return_output_ids_in_sglext" not in plan.added and "return_input_ids_in_sglext" in plan.added
+    obj = {"choices": [], "usage": None, "sglext": {"input_ids": [1], "output_ids": [[2]]}}
+    assert strip_response(plan, obj) is True and obj["sglext"] == {"output_ids": [[2]]}
+    obj = {"choices": [], "usage": None, "sglext": {"input_ids": [1], "output_ids": [[2]]}}
+    assert strip_response(plan_request("chat", "sglang", {"stream": True}), obj) is None  # not asked: dropped
 
 
 def test_credentials_from_headers_and_query():
