@@ -341,10 +341,13 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     return None
 
 
-def stream_final(call: CapturedCall) -> None:
-    """At the stream's final event ([DONE]): what the row needs from the stream, taken now (the
-    row is written before [DONE] goes to the harness)."""
+def stream_final(call: CapturedCall, ended: bool = True) -> None:
+    """At the stream's final event ([DONE], or the end of a stream without it): what the row
+    needs from the stream, taken now (the row is written before the harness gets that end).
+    ``ended``: the server ended the stream (not a connection error)."""
     t = call.transform
+    if ended and not t.saw_done:
+        call.errors.append("stream ended without [DONE]")
     if getattr(t, "mid_stream_error", None) is not None:
         call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
     call.response_text = t.response_text()
@@ -357,10 +360,9 @@ def finish_stream(call: CapturedCall, error: str | None = None) -> None:
         return
     if not call.written:  # (else the row was written at the final event: nothing goes into it now)
         if error is None and not t.closed:
-            t.close()
-        if error is None and not t.saw_done:
-            call.errors.append("stream ended without [DONE]")
-        stream_final(call)
+            t.close()  # (writes the row of a stream that ended without [DONE]: stream_final)
+        if not call.written:
+            stream_final(call, ended=error is None)
     t.release()
     call.transform = None
 

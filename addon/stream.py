@@ -130,7 +130,13 @@ class _Base:
         return b"".join(self._safe_event(ev) for ev in self.parser.close()) + self._end()
 
     def _end(self) -> bytes:
-        return b""
+        """The server ended the stream without [DONE]: the row is written now, before the end of
+        the body reaches the harness; if it cannot be, the harness gets an error event, not a
+        clean end (a call is never answered as a success unrecorded)."""
+        if self.saw_done or self.on_final is None:
+            return b""
+        err = self._final()
+        return b"" if err is None else error_event(err)
 
     def release(self) -> None:
         """Drop the per-flow buffers now: mitmproxy keeps this callable on the finished flow, and

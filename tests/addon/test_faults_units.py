@@ -88,6 +88,31 @@ def test_final_event_failure_replaces_done_with_an_error_event():
                                       b'"code":503}}\n\n']
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_stream_without_done_is_written_before_its_end(fails):
+    """A server that ends its stream without [DONE]: the row is written at the end of the body,
+    before the harness gets that end; if it cannot be, the harness gets an error event."""
+    c = _call(b'{"model":"m","stream":true,"messages":[]}')
+    t = calls.start_response(c, 200, "text/event-stream")
+    written = []
+
+    def final():
+        calls.stream_final(c)
+        written.append(calls.rows(c, 1.0))
+        return "disk full" if fails else None
+    t.on_final = final
+    t(b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[7],"finish_reason":"stop",'
+      b'"logprobs":{"content":[{"logprob":-1}]}}],"prompt_token_ids":[1]}\n\n')
+    assert not written
+    end = t(b"")
+    assert len(written) == 1 and "stream ended without [DONE]" in written[0][0]["error"]
+    assert end == ([b'data: {"error":{"message":"disk full","type":"polar_proxy_error","code":503}}\n\n']
+                   if fails else [])
+    c.written = True
+    calls.finish_stream(c)  # (the response hook: nothing more goes into the row)
+    assert written[0][0]["completion_ids"].tolist() == [7]
+
+
 def test_huge_n_refused_and_big_ints_exact():
     with pytest.raises(calls.RequestRefused, match="polar_max_choices=128"):
         _call(b'{"model":"m","n":200000,"messages":[]}')

@@ -122,6 +122,89 @@ def test_disk_full_refuses_unrecorded_calls_and_recovers(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
+def _two_choices() -> str:
+    obj = json.loads(whole([9707]))
+    obj["choices"].append({**obj["choices"][0], "index": 1, "token_ids": [1052]})
+    return json.dumps(obj, separators=(",", ":"))
+
+
+# (shape, spec, stream): each call's answer as the harness reads it: "ok" (a success), "refused"
+# (told that it was not recorded), anything else fails the test
+DISK_SHAPES = [
+    ("whole", ok_spec(), None),
+    ("stream", stream_spec(), True),
+    ("stream-without-done", stream_spec(good_stream()[:-1]), True),
+    ("two-choices", {"status": 200, "body": _two_choices()}, None),
+]
+
+
+def _verdict(shape: str, st: int, body: bytes) -> str:
+    if st == 503 and b"could not record" in body and b"No space left on device" in body:
+        return "refused"
+    assert st == 200, (shape, st, body[:300])
+    if shape.startswith("stream"):
+        if b"polar_proxy_error" in body:
+            assert b"No space left on device" in body and b"[DONE]" not in body, body
+            return "refused"
+        assert body.endswith(b"data: [DONE]\n\n") == (shape == "stream"), body
+    return "ok"
+
+
+def test_disk_filled_by_the_logs_every_success_has_its_row(tmp_path):
+    """The logs themselves fill the disk (big requests, four calls at a time, whole answers,
+    streams with and without [DONE], two-choice calls): every call the harness saw succeed has its
+    rows, every call refused is marked incomplete, and calls are recorded again once space frees."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "3m")
+    try:
+        logdir = disk / "logs"
+        filler = disk / "filler"
+        filler.write_bytes(os.urandom(1_500_000))  # (freed later: the recovery)
+        with scripted(tmp_path) as up, proxy(tmp_path, logdir, up.url) as px:
+            eps = [ep() for _ in range(3)]
+            for e in eps:  # (each episode's log exists before the disk fills)
+                assert call(px, e, ok_spec())[0] == 200
+
+            def one(i: int, phase: str) -> tuple[str, str, str, str]:
+                shape, spec, stream = DISK_SHAPES[i % len(DISK_SHAPES)]
+                marker = f"{phase}-{i}-{os.urandom(4).hex()}"
+                text = marker + " " + os.urandom(12_000).hex()  # (~24 KB, incompressible: ~12 KB a row)
+                body = {**CHAT, "messages": [{"role": "user", "content": text}],
+                        **({"n": 2} if shape == "two-choices" else {})}
+                st, raw, _ = call(px, eps[i % 3], spec, body, stream=stream)
+                return eps[i % 3], marker, shape, _verdict(shape, st, raw)
+
+            with ThreadPoolExecutor(4) as pool:
+                fill = list(pool.map(lambda i: one(i, "fill"), range(200)))
+            assert [v for *_, v in fill[-12:]] == ["refused"] * 12, [v for *_, v in fill]
+            filler.unlink()
+            after = [one(i, "after") for i in range(8)]
+            assert all(v == "ok" for *_, v in after), after
+            for e in eps:
+                assert end(px, e, {"reward": 1.0})[0] == 200
+        answers = fill + after
+        for e in eps:
+            df = read_log(log_of(logdir, e))
+            rows = rows_of(log_of(logdir, e))
+            mine = [a for a in answers if a[0] == e]
+            ok = [m for _, m, _, v in mine if v == "ok"]
+            requests = df["request"].to_list()
+            for m in ok:  # every success has its rows, with their ids
+                hit = [j for j, r in enumerate(requests) if m in r]
+                shape = next(s for _, mm, s, _ in mine if mm == m)
+                assert len(hit) == (2 if shape == "two-choices" else 1), (m, shape)
+                assert all(df["completion_ids"][j] is not None and len(df["completion_ids"][j]) for j in hit)
+            refused = sum(v == "refused" for *_, v in mine)
+            assert refused > 0 and [r["kind"] for r in rows].count("incomplete") == refused
+            # (a two-choice call refused after its first row got to disk leaves that row: marked)
+            assert len(df) - 1 <= len(ok) + sum(s == "two-choices" for _, _, s, v in mine if v == "ok") + refused
+            assert read_head(log_of(logdir, e)).metadata["discard"] is True
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
 def test_deleted_log_file_and_directory(stack):
     up, px, logdir = stack
     e = ep()
