@@ -29,6 +29,7 @@ from polar_contracts.control import (
     ENDPOINTS,
     EPISODE_HEADER,
     PREFIX,
+    STATUS_PATH,
     ControlRequestError,
     check_capability,
     check_secret,
@@ -45,6 +46,7 @@ MODELS_PATH = "/v1/models"  # GET: the served models (harnesses list them; nothi
 
 # What a request is (Route.kind).
 MODEL, MODELS, END_KIND, WEIGHTS = "model", "models", "end", "weights"
+STATUS = "status"  # GET /polar/@control: whether this proxy holds a control secret
 
 
 class RouteError(ControlRequestError):
@@ -56,7 +58,7 @@ class Route:
     episode_id: str | None  # None: a weight endpoint, or an unnamed GET /v1/models
     path: str  # the path to forward (prefix stripped), query string included
     is_end: bool = False  # POST /polar/<id>/end
-    kind: str = MODEL  # MODEL | MODELS | END_KIND | WEIGHTS
+    kind: str = MODEL  # MODEL | MODELS | END_KIND | WEIGHTS | STATUS
     endpoint: str | None = None  # WEIGHTS: which of polar_contracts.control.ENDPOINTS
     mac: str | None = None  # the capability's mac that named the episode (a credential: scrubbed from logs)
 
@@ -142,8 +144,13 @@ def route(method: str, path: str, headers: Mapping[str, str], default_episode: s
         if secret:
             _secret(secret, headers)
         endpoint = _bare(path).rstrip("/")
+        if endpoint == STATUS_PATH:
+            if method.upper() != "GET":
+                raise RouteError(f"{STATUS_PATH} accepts GET only, not {method}", status=405)
+            return Route(None, path, kind=STATUS, endpoint=endpoint)
         if endpoint not in ENDPOINTS:
-            raise RouteError(f"no control endpoint {endpoint!r} (there are {', '.join(ENDPOINTS)})", 404)
+            raise RouteError(f"no control endpoint {endpoint!r} (there are {', '.join((*ENDPOINTS, STATUS_PATH))})",
+                             404)
         return Route(None, path, kind=WEIGHTS, endpoint=endpoint)
     prefixed, rest = split_prefix(path)
     if prefixed is not None and _bare(rest) in (f"/{END}", f"/{END}/"):

@@ -220,7 +220,9 @@ class Pipeline:
         meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
                 "status": r.get("status"), "discard": discard,
                 # how the harness was confined: none marks an unsandboxed episode on every row
-                "isolation": self.runtime.isolation}
+                "isolation": self.runtime.isolation,
+                # whether the proxy's control plane was secured (open: the agent could end episodes)
+                "control_plane": self.settings.control_mark()}
         if r.get("error"):
             meta["reason"] = r["error"][:500]
         if "eval" in r:
