@@ -171,3 +171,20 @@ def test_request_with_a_lone_surrogate_is_captured(scripted_stack):
     row = read_log(logdir / f"{e}.arrow").row(0, named=True)
     assert row["error"] is None and row["completion_ids"] == [9707]
     assert "\\ud83d" in row["request"]
+
+
+def test_count_tokens_is_forwarded_not_recorded(scripted_stack):
+    """Claude Code's POST /v1/messages/count_tokens: on the model-API allowlist, answered by the
+    server byte for byte, and no model call in the episode's log (it generates no tokens)."""
+    up, px, logdir = scripted_stack
+    answer = '{"input_tokens":12}'
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    h = {"x-answer": answer_header({"status": 200, "body": answer})}
+    e = ep()
+    for path in ("/v1/messages/count_tokens", f"/polar/{e}/messages/count_tokens"):
+        st, got = post(px.url + path, body, {**h, "x-polar-episode": e})
+        assert (st, got) == (200, answer.encode())
+    sent = [json.loads(x) for x in up.record.read_text().splitlines()][-2:]
+    assert [s["path"] for s in sent] == ["/v1/messages/count_tokens", "/messages/count_tokens"]
+    assert json.loads(sent[0]["body"]) == body  # untouched: no flags added
+    assert not (logdir / f"{e}.arrow").exists()
