@@ -17,7 +17,8 @@ import logging
 
 from mitmproxy import ctx, exceptions, http
 
-from addon.proxy_state import ROUTE, ProxyState, error_response
+from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
+from addon.proxy_state import DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import credential_values
 from addon.routing import MODEL, MODELS, RouteError, claimed_episode, route
 from polar_contracts.control import (
@@ -106,14 +107,36 @@ class Access:
             if size > ctx.options.polar_max_body:
                 raise RouteError(f"request body is {size} bytes; this proxy accepts at most {ctx.options.polar_max_body} "
                                  f"(option polar_max_body)", 413)
+            self._decoded(flow, ctx.options.polar_max_body, "polar_max_body")
             # neither the capability nor any control secret goes upstream (the server may log headers)
             req.headers.pop(EPISODE_HEADER, None)
             req.headers.pop(CONTROL_HEADER, None)
-        elif size > ctx.options.polar_max_control_body:
-            raise RouteError(f"control request body is {size} bytes; at most {ctx.options.polar_max_control_body} "
-                             f"are accepted (option polar_max_control_body)", 413)
+        else:
+            if size > ctx.options.polar_max_control_body:
+                raise RouteError(f"control request body is {size} bytes; at most {ctx.options.polar_max_control_body} "
+                                 f"are accepted (option polar_max_control_body)", 413)
+            self._decoded(flow, ctx.options.polar_max_control_body, "polar_max_control_body")
         flow.metadata[ROUTE] = r
         flow.metadata[ROUTE + "_heads"] = heads
+
+    @staticmethod
+    def _decoded(flow: http.HTTPFlow, limit: int, option: str) -> None:
+        """A compressed body is bounded by its decompressed size (a gzip bomb is refused, never
+        inflated: bounded_decode.py); the decoded body is kept for the capture (no second inflate).
+        A body that does not decode is left to the capture, which passes it through as is."""
+        req = flow.request
+        enc = req.headers.get("content-encoding", "")
+        if not enc.strip() or enc.strip().lower() == "identity" or not req.raw_content:
+            return
+        try:
+            flow.metadata[DECODED_BODY] = bounded_decode(req.raw_content, enc, limit)
+        except BodyTooLarge:
+            raise RouteError(f"request body ({len(req.raw_content)} bytes, content-encoding {enc}) decompresses to "
+                             f"more than {limit} bytes, the most this proxy accepts (option {option})", 413) from None
+        except EncodingRefused as exc:
+            raise RouteError(str(exc), 415) from None
+        except ValueError:
+            pass
 
     def refuse(self, flow: http.HTTPFlow, status: int, reason: str) -> None:
         """Answer ``status`` with ``reason`` (JSON), log the refusal; the request goes nowhere."""

@@ -541,3 +541,46 @@ def test_sigterm_writes_interrupted_row_before_end_record(tmp_path):
     # quiet shutdown drops (mitmproxy_patches.py).
     assert "Traceback" not in out, out
     assert "could not log" not in out and "polar:" not in out, out
+
+
+# ---- 13. compressed request bodies are bounded by their decompressed size -------------------------
+
+def test_compressed_bombs_are_refused_not_inflated(tmp_path):
+    """A 30 KB gzip body that inflates to 32 MB: 413 naming the bound, never forwarded, no row; zstd
+    the same; the same for a control request (bounded by polar_max_control_body); a body under
+    the bound is still decoded, captured and answered."""
+    import gzip
+
+    import zstandard
+
+    logdir = tmp_path / "logs"
+    with scripted(tmp_path) as up, proxy(tmp_path, logdir, up.url, polar_max_body=4 * 2**20) as px:
+        from .scripted_upstream import answer_header
+        h = {"content-type": "application/json", "x-answer": answer_header(ok_spec())}
+        bomb_json = b'{"model":"m","messages":[{"role":"user","content":"' + b"a" * (32 * 2**20) + b'"}]}'
+        e = ep()
+        for enc, data in (("gzip", gzip.compress(bomb_json, 6)), ("zstd", zstandard.ZstdCompressor().compress(bomb_json))):
+            assert len(data) < 2**20
+            rss = int(open(f"/proc/{px.pid}/status").read().split("VmRSS:")[1].split()[0])
+            r = httpx.post(px.url + "/v1/chat/completions", content=data,
+                           headers={**h, "content-encoding": enc, "x-polar-episode": e}, timeout=60)
+            assert r.status_code == 413 and "decompresses to more than 4194304 bytes" in r.text, r.text
+            after = int(open(f"/proc/{px.pid}/status").read().split("VmRSS:")[1].split()[0])
+            assert after - rss < 20_000, (rss, after)  # KiB: never inflated to 32 MB
+        r = httpx.post(px.url + "/v1/chat/completions", content=b"x", timeout=30,
+                       headers={**h, "content-encoding": "br", "x-polar-episode": e})
+        assert r.status_code in (413, 415), r.text
+        end_bomb = gzip.compress(b'{"reward": 1, "metadata": {"x": "' + b"b" * 2**20 + b'"}}')
+        r = httpx.post(f"{px.url}/polar/{e}/end", content=end_bomb, headers={"content-encoding": "gzip"}, timeout=30)
+        assert r.status_code == 413 and "polar_max_control_body" in r.text, r.text
+        assert not up.record.exists() or up.record.read_text() == ""  # nothing was forwarded
+        assert not log_of(logdir, e).exists()
+        ok = gzip.compress(json.dumps(CHAT).encode())
+        r = httpx.post(px.url + "/v1/chat/completions", content=ok, timeout=30,
+                       headers={**h, "content-encoding": "gzip", "x-polar-episode": e})
+        assert r.status_code == 200, r.text
+        assert end(px, e, {"reward": 1.0})[0] == 200
+    df = read_log(log_of(logdir, e))
+    assert len(df) == 1 and df["error"][0] is None and df["completion_ids"][0].to_list() == [9707]
+    refused = [json.loads(x) for x in (logdir / "refused.jsonl").read_text().splitlines()]
+    assert [x["status"] for x in refused][:2] == [413, 413]
