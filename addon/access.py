@@ -51,6 +51,10 @@ class Access:
         loader.add_option("polar_control_secret", str, "",
                           "The control secret itself (visible in the process's argv: prefer "
                           "polar_control_secret_file). Never logged.")
+        loader.add_option("polar_allowed_hosts", str, "",
+                          "Forward-proxy mode (any mode but reverse) without polar_upstream: the destinations "
+                          "(host:port, comma-separated) a request may name; any other is refused (403), CONNECT "
+                          "included. With polar_upstream every model call goes there whatever the host named.")
         loader.add_option("polar_max_body", int, MAX_BODY,
                           "Refuse (413) a model call whose body is larger than this many bytes.")
         loader.add_option("polar_max_control_body", int, MAX_CONTROL_BODY,
@@ -59,6 +63,8 @@ class Access:
 
     def configure(self, updated) -> None:
         o = ctx.options
+        if "polar_allowed_hosts" in updated:
+            allowed_hosts(o.polar_allowed_hosts)  # (raises OptionsError naming a bad entry)
         for name in ("polar_max_body", "polar_max_control_body"):
             if name in updated and getattr(o, name) < 1:
                 raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
@@ -85,11 +91,24 @@ class Access:
             self._warned_open = True
             log.warning(OPEN_WARNING)
 
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        """A CONNECT (forward-proxy mode): the tunnel's destination is checked as a request's is."""
+        try:
+            why = destination_refused(flow)
+        except Exception:  # noqa: BLE001 - fail closed
+            log.exception("polar: destination check of CONNECT %s failed", flow.request.host)
+            why = "polar proxy could not check this CONNECT's destination"
+        if why is not None:
+            self.refuse(flow, 403, why)
+
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
         req = flow.request
         try:
+            why = destination_refused(flow)
+            if why is not None:
+                raise RouteError(why, 403)
             self._check(flow)
         except RouteError as exc:
             self.refuse(flow, exc.status, str(exc))
@@ -153,6 +172,37 @@ class Access:
                                       reason=reason, episode=claimed_episode(req.path, heads), scrub=scrub)
         except Exception:  # noqa: BLE001 - the refusal stands whether or not it could be logged
             log.exception("polar: could not log a refusal")
+
+
+def allowed_hosts(option: str) -> frozenset[str]:
+    """polar_allowed_hosts as host:port strings (lower-case host)."""
+    out = set()
+    for item in option.split(","):
+        item = item.strip().lower()
+        if item:
+            host, sep, port = item.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise exceptions.OptionsError(f"polar_allowed_hosts: {item!r} is not host:port")
+            out.add(item)
+    return frozenset(out)
+
+
+def destination_refused(flow: http.HTTPFlow) -> str | None:
+    """Why a request's destination is refused, or None. In reverse mode the destination is the
+    proxy's own upstream; with polar_upstream every model call is sent there (model_calls.py). In
+    any other mode (forward, transparent, ...) without polar_upstream the client names the host, so
+    only the polar_allowed_hosts may be named: the agent reaches the proxy and must not use it to
+    reach anything else."""
+    if ctx.options.polar_upstream:
+        return None
+    mode = getattr(flow.client_conn, "proxy_mode", None)
+    if getattr(mode, "type_name", "reverse") == "reverse":
+        return None
+    dest = f"{flow.request.host.lower()}:{flow.request.port}"
+    if dest in allowed_hosts(ctx.options.polar_allowed_hosts):
+        return None
+    return (f"destination {dest} is not the inference server: in forward-proxy mode this proxy forwards only to "
+            f"polar_upstream (set it: every model call goes there) or to a host of polar_allowed_hosts")
 
 
 def fail_closed(access: Access, flow: http.HTTPFlow, what: str, exc: BaseException) -> None:
