@@ -1,7 +1,7 @@
 """The local runtime: a temporary directory per episode, run under bubblewrap.
 
 Under bubblewrap the harness sees a root built from nothing: read-only the system (/usr, the
-usr-merge links, /etc less its secrets), the harness CLIs (the harness cache) and the Python
+usr-merge links, /etc less its secrets), the harness CLI (its recipe's own install prefix) and the Python
 environment its interpreter lives in (a venv and the Python it was made from); read-write only its
 workspace and home; a private /tmp, /proc and /dev. Not the checkout, not LOGDIR or OUT, not the
 rest of $POLAR_CACHE, not /root, not other episodes. It has its own network namespace (only `lo`),
@@ -15,6 +15,7 @@ network, with a warning, and every episode it runs is marked isolation=none.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -62,7 +63,7 @@ def _under_system(p: Path) -> bool:
 def interpreter_dirs(exe: Path) -> set[Path]:
     """Directories the harness's executable needs outside the system dirs: the directories along its
     symlink chain, the interpreter named by its #! line (recursively), a venv (pyvenv.cfg) and the
-    Python prefix a venv's python links to. The harness cache itself is bound whole."""
+    Python prefix a venv's python links to. The recipe's install prefix is bound by LocalRuntime.binds."""
     out: set[Path] = set()
     seen: set[Path] = set()
     todo = [Path(exe)]
@@ -91,6 +92,17 @@ def interpreter_dirs(exe: Path) -> set[Path]:
             if words and words[0] != "/usr/bin/env":
                 todo.append(Path(words[0]))
     return {d for d in out if not _under_system(d)}
+
+
+def install_prefix(exe: Path) -> Path | None:
+    """The recipe's own install prefix, <harness cache>/<name>/ (recipes/install.py), that holds
+    ``exe`` (as given or resolved); None for an executable outside the harness cache."""
+    cache = harness_cache()
+    for root in {cache.absolute(), cache.resolve()}:
+        for p in (Path(os.path.abspath(exe)), Path(exe).resolve()):
+            if p.is_relative_to(root) and p != root:
+                return root / p.relative_to(root).parts[0]
+    return None
 
 
 def bwrap_problem() -> str:
@@ -174,11 +186,14 @@ class LocalRuntime(Runtime):
         self._binds: dict[Path, list[str]] = {}
 
     def binds(self, exe: Path) -> list[str]:
+        """What the sandbox sees read-only beyond the system: the harness's own install prefix
+        (never the whole harness cache: other harnesses and caches are not the agent's business),
+        its interpreters, and extra_ro."""
         if exe not in self._binds:
             keep = {*interpreter_dirs(exe), *(Path(p) for p in self.extra_ro)}
-            cache = harness_cache()
-            if cache.exists():
-                keep.add(cache.resolve())
+            prefix = install_prefix(exe)
+            if prefix is not None:
+                keep.add(prefix)
             self._binds[exe] = sorted(str(p) for p in keep if p.exists())
         return self._binds[exe]
 
