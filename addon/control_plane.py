@@ -66,10 +66,13 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
-        def on_end(n: int) -> None:
+        def on_end(n: int | BaseException) -> None:
             def settle() -> None:
                 if not done.done():
-                    done.set_result(n)
+                    if isinstance(n, BaseException):  # the deferred end record could not be written
+                        done.set_exception(n)
+                    else:
+                        done.set_result(n)
             try:
                 loop.call_soon_threadsafe(settle)
             except RuntimeError:  # the loop is closed (shutdown): nobody waits any more
@@ -98,6 +101,11 @@ class ControlPlane:
             pending = self.state.episodes.inflight(episode_id)
             try:
                 n = await asyncio.wait_for(asyncio.shield(done), ctx.options.polar_end_wait_ms / 1000)
+            except (OSError, LogError) as exc:
+                log.error("polar: episode %s: end record not written: %s", episode_id, exc)
+                flow.response = error_response(503, f"polar proxy could not write the end record of episode "
+                                                    f"{episode_id!r} ({type(exc).__name__}: {exc}); retry the end")
+                return
             except TimeoutError:
                 flow.response = json_response(202, {
                     "episode_id": episode_id, "reward": reward, "ended": False, "pending_calls": pending,
