@@ -15,14 +15,13 @@ network, with a warning, and every episode it runs is marked isolation=none.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from harness_recipes.cache import harness_cache
+from harness_recipes.cache import install_prefix
 from harness_recipes.tasks.task_file import Task
 
 from .api_socket import SANDBOX_DIR, ApiSocket
@@ -92,17 +91,6 @@ def interpreter_dirs(exe: Path) -> set[Path]:
             if words and words[0] != "/usr/bin/env":
                 todo.append(Path(words[0]))
     return {d for d in out if not _under_system(d)}
-
-
-def install_prefix(exe: Path) -> Path | None:
-    """The recipe's own install prefix, <harness cache>/<name>/ (recipes/install.py), that holds
-    ``exe`` (as given or resolved); None for an executable outside the harness cache."""
-    cache = harness_cache()
-    for root in {cache.absolute(), cache.resolve()}:
-        for p in (Path(os.path.abspath(exe)), Path(exe).resolve()):
-            if p.is_relative_to(root) and p != root:
-                return root / p.relative_to(root).parts[0]
-    return None
 
 
 def bwrap_problem() -> str:

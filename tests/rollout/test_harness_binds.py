@@ -1,5 +1,5 @@
-"""Under bubblewrap the harness sees its own recipe's install prefix, not the whole harness cache
-(other harnesses and their caches are not the agent's business): issue 23."""
+"""In a sandbox (bubblewrap, docker) the harness sees its own recipe's install prefix, not the whole
+harness cache (other harnesses and their caches are not the agent's business): issue 23."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.runtimes.local import LocalRuntime, bwrap_problem, install_prefix
+from harness_recipes.cache import install_prefix
+from harness_recipes.runtimes.local import LocalRuntime, bwrap_problem
 from harness_recipes.tasks.task_file import Task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,13 @@ def test_the_sandbox_sees_its_own_prefix_only(tmp_path, monkeypatch):
         pytest.skip(msg)
     cache, exe = fake_cache(tmp_path)
     monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
-    rt = LocalRuntime(isolation="bwrap", workdir=str(tmp_path / "work"))
     (tmp_path / "work").mkdir()
+    rt = LocalRuntime(isolation="bwrap", workdir=str(tmp_path / "work"))
+
+    assert_sees_own_prefix_only(rt, cache, exe)
+
+
+def assert_sees_own_prefix_only(rt, cache: Path, exe: Path) -> None:
     task = Task(id="binds", prompt="p", eval_cmd="true", workspace_dir=FIX_ADD)
 
     async def go():
@@ -70,3 +76,10 @@ def test_the_sandbox_sees_its_own_prefix_only(tmp_path, monkeypatch):
     res = asyncio.run(go())
     out = res.stdout.decode()
     assert res.rc == 0 and "mine-ran" in out and "sealed" in out, (out, res.stderr.decode()[-1000:])
+
+
+def test_the_docker_sandbox_sees_its_own_prefix_only(tmp_path, monkeypatch, docker_runtime_cls):
+    cache, exe = fake_cache(tmp_path)
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
+    (tmp_path / "work").mkdir()
+    assert_sees_own_prefix_only(docker_runtime_cls(memory="512m", cpus=1.0, workdir=str(tmp_path / "work")), cache, exe)
