@@ -101,16 +101,16 @@ class ControlPlane:
             pending = self.state.episodes.inflight(episode_id)
             try:
                 n = await asyncio.wait_for(asyncio.shield(done), ctx.options.polar_end_wait_ms / 1000)
-            except (OSError, LogError) as exc:
-                log.error("polar: episode %s: end record not written: %s", episode_id, exc)
-                flow.response = error_response(503, f"polar proxy could not write the end record of episode "
-                                                    f"{episode_id!r} ({type(exc).__name__}: {exc}); retry the end")
-                return
             except TimeoutError:
                 flow.response = json_response(202, {
                     "episode_id": episode_id, "reward": reward, "ended": False, "pending_calls": pending,
                     "message": "calls of this episode are still in flight; the end record is written "
                                "after the last one's row"})
+                return
+            except (OSError, LogError) as exc:  # (after TimeoutError: an OSError subclass)
+                log.error("polar: episode %s: end record not written: %s", episode_id, exc)
+                flow.response = error_response(503, f"polar proxy could not write the end record of episode "
+                                                    f"{episode_id!r} ({type(exc).__name__}: {exc}); retry the end")
                 return
         flow.response = json_response(200, {"episode_id": episode_id, "calls": n, "reward": reward, "ended": True})
 
