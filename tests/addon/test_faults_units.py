@@ -246,3 +246,32 @@ def test_writer_restart_refused_by_a_full_disk_recovers_later(tmp_path, monkeypa
     with pytest.raises(Exception, match="replaced or changed"):
         w2.append_call(call_index=1, **row)
     assert other.read_bytes() == b"someone else's"
+
+
+def test_bounded_decode_stops_one_byte_past_the_bound():
+    import gzip
+    import zlib
+
+    import zstandard
+
+    from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
+    body = b'{"a":"' + b"x" * 1000 + b'"}'
+    for enc, data in (("gzip", gzip.compress(body)), ("x-gzip", gzip.compress(body)),
+                      ("deflate", zlib.compress(body)), ("deflate", zlib.compress(body)[2:-4]),  # raw deflate
+                      ("zstd", zstandard.ZstdCompressor().compress(body)), ("identity, gzip", gzip.compress(body)),
+                      ("gzip, gzip", gzip.compress(gzip.compress(body)))):
+        assert bounded_decode(data, enc, len(body)) == body, enc
+        with pytest.raises(BodyTooLarge):
+            bounded_decode(data, enc, len(body) - 1)
+    bomb = gzip.compress(b"\0" * (64 * 2**20))
+    with pytest.raises(BodyTooLarge):
+        bounded_decode(bomb, "gzip", 2**20)
+    with pytest.raises(EncodingRefused, match="'compress'"):
+        bounded_decode(b"x", "compress", 10)
+    with pytest.raises(ValueError, match="gzip"):
+        bounded_decode(b"not gzip", "gzip", 10)
+    import brotli
+    try:
+        assert bounded_decode(brotli.compress(body), "br", len(body)) == body  # (brotli >= 1.2: bounded)
+    except EncodingRefused as exc:  # (older brotli: no output bound, so refused, never inflated)
+        assert "br cannot be decompressed with a size bound" in str(exc)
