@@ -17,7 +17,8 @@ import logging
 
 from mitmproxy import ctx, exceptions, http
 
-from addon.proxy_state import ROUTE, ProxyState, error_response
+from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
+from addon.proxy_state import DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import credential_values
 from addon.routing import MODEL, MODELS, RouteError, claimed_episode, route
 from polar_contracts.control import (
@@ -50,6 +51,10 @@ class Access:
         loader.add_option("polar_control_secret", str, "",
                           "The control secret itself (visible in the process's argv: prefer "
                           "polar_control_secret_file). Never logged.")
+        loader.add_option("polar_allowed_hosts", str, "",
+                          "Forward-proxy mode (any mode but reverse) without polar_upstream: the destinations "
+                          "(host:port, comma-separated) a request may name; any other is refused (403), CONNECT "
+                          "included. With polar_upstream every model call goes there whatever the host named.")
         loader.add_option("polar_max_body", int, MAX_BODY,
                           "Refuse (413) a model call whose body is larger than this many bytes.")
         loader.add_option("polar_max_control_body", int, MAX_CONTROL_BODY,
@@ -58,6 +63,8 @@ class Access:
 
     def configure(self, updated) -> None:
         o = ctx.options
+        if "polar_allowed_hosts" in updated:
+            allowed_hosts(o.polar_allowed_hosts)  # (raises OptionsError naming a bad entry)
         for name in ("polar_max_body", "polar_max_control_body"):
             if name in updated and getattr(o, name) < 1:
                 raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
@@ -84,11 +91,24 @@ class Access:
             self._warned_open = True
             log.warning(OPEN_WARNING)
 
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        """A CONNECT (forward-proxy mode): the tunnel's destination is checked as a request's is."""
+        try:
+            why = destination_refused(flow)
+        except Exception:  # noqa: BLE001 - fail closed
+            log.exception("polar: destination check of CONNECT %s failed", flow.request.host)
+            why = "polar proxy could not check this CONNECT's destination"
+        if why is not None:
+            self.refuse(flow, 403, why)
+
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
         req = flow.request
         try:
+            why = destination_refused(flow)
+            if why is not None:
+                raise RouteError(why, 403)
             self._check(flow)
         except RouteError as exc:
             self.refuse(flow, exc.status, str(exc))
@@ -106,14 +126,36 @@ class Access:
             if size > ctx.options.polar_max_body:
                 raise RouteError(f"request body is {size} bytes; this proxy accepts at most {ctx.options.polar_max_body} "
                                  f"(option polar_max_body)", 413)
+            self._decoded(flow, ctx.options.polar_max_body, "polar_max_body")
             # neither the capability nor any control secret goes upstream (the server may log headers)
             req.headers.pop(EPISODE_HEADER, None)
             req.headers.pop(CONTROL_HEADER, None)
-        elif size > ctx.options.polar_max_control_body:
-            raise RouteError(f"control request body is {size} bytes; at most {ctx.options.polar_max_control_body} "
-                             f"are accepted (option polar_max_control_body)", 413)
+        else:
+            if size > ctx.options.polar_max_control_body:
+                raise RouteError(f"control request body is {size} bytes; at most {ctx.options.polar_max_control_body} "
+                                 f"are accepted (option polar_max_control_body)", 413)
+            self._decoded(flow, ctx.options.polar_max_control_body, "polar_max_control_body")
         flow.metadata[ROUTE] = r
         flow.metadata[ROUTE + "_heads"] = heads
+
+    @staticmethod
+    def _decoded(flow: http.HTTPFlow, limit: int, option: str) -> None:
+        """A compressed body is bounded by its decompressed size (a gzip bomb is refused, never
+        inflated: bounded_decode.py); the decoded body is kept for the capture (no second inflate).
+        A body that does not decode is left to the capture, which passes it through as is."""
+        req = flow.request
+        enc = req.headers.get("content-encoding", "")
+        if not enc.strip() or enc.strip().lower() == "identity" or not req.raw_content:
+            return
+        try:
+            flow.metadata[DECODED_BODY] = bounded_decode(req.raw_content, enc, limit)
+        except BodyTooLarge:
+            raise RouteError(f"request body ({len(req.raw_content)} bytes, content-encoding {enc}) decompresses to "
+                             f"more than {limit} bytes, the most this proxy accepts (option {option})", 413) from None
+        except EncodingRefused as exc:
+            raise RouteError(str(exc), 415) from None
+        except ValueError:
+            pass
 
     def refuse(self, flow: http.HTTPFlow, status: int, reason: str) -> None:
         """Answer ``status`` with ``reason`` (JSON), log the refusal; the request goes nowhere."""
@@ -130,6 +172,37 @@ class Access:
                                       reason=reason, episode=claimed_episode(req.path, heads), scrub=scrub)
         except Exception:  # noqa: BLE001 - the refusal stands whether or not it could be logged
             log.exception("polar: could not log a refusal")
+
+
+def allowed_hosts(option: str) -> frozenset[str]:
+    """polar_allowed_hosts as host:port strings (lower-case host)."""
+    out = set()
+    for item in option.split(","):
+        item = item.strip().lower()
+        if item:
+            host, sep, port = item.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise exceptions.OptionsError(f"polar_allowed_hosts: {item!r} is not host:port")
+            out.add(item)
+    return frozenset(out)
+
+
+def destination_refused(flow: http.HTTPFlow) -> str | None:
+    """Why a request's destination is refused, or None. In reverse mode the destination is the
+    proxy's own upstream; with polar_upstream every model call is sent there (model_calls.py). In
+    any other mode (forward, transparent, ...) without polar_upstream the client names the host, so
+    only the polar_allowed_hosts may be named: the agent reaches the proxy and must not use it to
+    reach anything else."""
+    if ctx.options.polar_upstream:
+        return None
+    mode = getattr(flow.client_conn, "proxy_mode", None)
+    if getattr(mode, "type_name", "reverse") == "reverse":
+        return None
+    dest = f"{flow.request.host.lower()}:{flow.request.port}"
+    if dest in allowed_hosts(ctx.options.polar_allowed_hosts):
+        return None
+    return (f"destination {dest} is not the inference server: in forward-proxy mode this proxy forwards only to "
+            f"polar_upstream (set it: every model call goes there) or to a host of polar_allowed_hosts")
 
 
 def fail_closed(access: Access, flow: http.HTTPFlow, what: str, exc: BaseException) -> None:

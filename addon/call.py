@@ -12,11 +12,27 @@ from typing import Any
 import orjson
 
 import addon.applied_sampling as sampling_rules
-from addon.server_dialects import REQUEST_KEYS, Plan, needs_whole_body, plan_request, strip_response
+from addon.server_dialects import (
+    REQUEST_KEYS,
+    Plan,
+    needs_whole_body,
+    plan_request,
+    sglext_header_flags,
+    strip_response,
+)
 from polar_contracts.control import WEIGHT_VERSION_HEADER
 
 from . import chat, completions
-from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_like_python, dumps_like_safe, json_style
+from .capture import (
+    COMPACT_UTF8,
+    CallCapture,
+    dumps_faithful,
+    dumps_like_python,
+    dumps_like_safe,
+    dumps_stripped,
+    has_escapes,
+    json_style,
+)
 from .jsonhead import request_head
 from .redact import (
     SECRET_KEY_MATCH_MAX,
@@ -45,10 +61,14 @@ class RequestRefused(Exception):
 
 
 def loads_request(raw: bytes) -> Any:
-    """A request body, every integer exact (see _BIG_INT)."""
+    """A request body, every integer exact (see _BIG_INT); a lone surrogate escape (valid JSON
+    that orjson refuses, and Python servers such as SGLang's read) is read by the json module."""
     if _BIG_INT.search(raw) is not None:
         return json.loads(raw)
-    return orjson.loads(raw)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)  # (raises ValueError too, naming the problem, where it is not JSON)
 MAX_ERROR_BODY = 2000
 # The harness asked for prompt ids itself: its answer keeps them, so they must stay JSON lists
 # (idlists.PromptCache turns them into arrays, which only the proxy's own fields may be).
@@ -187,7 +207,7 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.pending_request = (raw, UNPARSED)
         model = fields.get("model")
         call.model = model if isinstance(model, str) else None
-        call.plan = plan_request(call.api, call.dialect, fields)
+        call.plan = plan_request(call.api, call.dialect, fields, sglext_header_flags(call.dialect, headers))
         call.stream = call.plan.stream
         check_choices(call)
         added = {**call.plan.added, **resolve_sampling(call, fields)}
@@ -220,7 +240,7 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
         call.stream = call.plan.stream
         check_choices(call)
         return dumps_like_python({**chat_body, **call.plan.added, **resolve_sampling(call, chat_body)})
-    call.plan = plan_request(call.api, call.dialect, body)
+    call.plan = plan_request(call.api, call.dialect, body, sglext_header_flags(call.dialect, headers))
     call.stream = call.plan.stream
     check_choices(call)
     return add_fields(raw, body, {**call.plan.added, **resolve_sampling(call, body)})
@@ -310,8 +330,10 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     changed = strip_response(call.plan, obj)
     if changed:
         out = None
-        if call.plan.harness_logprobs and json_style(body) == COMPACT_UTF8:  # its floats as the server printed them
-            plan = call.plan
+        plan = call.plan
+        if has_escapes(body):  # (lone surrogates, \u-escaped text: written back as the server wrote them)
+            out = dumps_stripped(body, lambda o: strip_response(plan, o))
+        elif plan.harness_logprobs and json_style(body) == COMPACT_UTF8:  # its floats as the server printed them
             out = dumps_faithful(body, lambda o: strip_response(plan, o))
         if out is None:
             out = dumps_like_safe(body, obj)
@@ -321,10 +343,13 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     return None
 
 
-def stream_final(call: CapturedCall) -> None:
-    """At the stream's final event ([DONE]): what the row needs from the stream, taken now (the
-    row is written before [DONE] goes to the harness)."""
+def stream_final(call: CapturedCall, ended: bool = True) -> None:
+    """At the stream's final event ([DONE], or the end of a stream without it): what the row
+    needs from the stream, taken now (the row is written before the harness gets that end).
+    ``ended``: the server ended the stream (not a connection error)."""
     t = call.transform
+    if ended and not t.saw_done:
+        call.errors.append("stream ended without [DONE]")
     if getattr(t, "mid_stream_error", None) is not None:
         call.errors.append(f"server error event mid-stream: {json.dumps(t.mid_stream_error)[:MAX_ERROR_BODY]}")
     call.response_text = t.response_text()
@@ -337,10 +362,9 @@ def finish_stream(call: CapturedCall, error: str | None = None) -> None:
         return
     if not call.written:  # (else the row was written at the final event: nothing goes into it now)
         if error is None and not t.closed:
-            t.close()
-        if error is None and not t.saw_done:
-            call.errors.append("stream ended without [DONE]")
-        stream_final(call)
+            t.close()  # (writes the row of a stream that ended without [DONE]: stream_final)
+        if not call.written:
+            stream_final(call, ended=error is None)
     t.release()
     call.transform = None
 

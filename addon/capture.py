@@ -7,6 +7,7 @@ is dropped when the flow ends (a finished flow's buffers must not wait for the c
 from __future__ import annotations
 
 import json
+import os
 import re
 from array import array
 from collections.abc import Callable
@@ -89,6 +90,66 @@ def dumps_like(raw: bytes) -> Callable[[Any], bytes]:
             return json.dumps(obj, ensure_ascii=_a, separators=(_i, _k), allow_nan=True).encode()
         _DUMPERS[key] = fn
     return fn
+
+
+# Escapes a re-serializer writes differently than the server may have: every \uXXXX (a lone
+# surrogate, a pair, an escaped non-ASCII or control character: orjson writes the character, or
+# another spelling) and \/. Matched as backslash + the next character from the left, so an
+# escaped backslash (\\) is consumed whole and never starts a false escape.
+_ESCAPE = re.compile(rb"\\(?:u[0-9a-fA-F]{4}|.)", re.S)
+
+
+def _mask_escapes(raw: bytes) -> tuple[bytes, bytes, list[bytes]] | None:
+    """raw with each such escape replaced by a unique ASCII marker (which every serializer
+    writes unchanged): (masked, marker prefix, the escapes in order); None when raw has none."""
+    if b"\\u" not in raw and b"\\/" not in raw:
+        return None
+    prefix = b"polarEsc" + os.urandom(6).hex().encode()
+    while prefix in raw:  # (a marker must never meet its own text in the server's bytes)
+        prefix = b"polarEsc" + os.urandom(6).hex().encode()
+    escapes: list[bytes] = []
+
+    def mark(m: re.Match) -> bytes:
+        esc = m.group(0)
+        if esc[1:2] not in (b"u", b"/"):
+            return esc  # \" \\ \n ...: every serializer writes these the same way
+        escapes.append(esc)
+        return b"%s_%d_" % (prefix, len(escapes) - 1)
+
+    return _ESCAPE.sub(mark, raw), prefix, escapes
+
+
+def _unmask(out: bytes, prefix: bytes, escapes: list[bytes]) -> bytes:
+    return re.sub(re.escape(prefix) + rb"_(\d+)_", lambda m: escapes[int(m.group(1))], out)
+
+
+def dumps_stripped(raw: bytes, strip: Callable[[Any], Any]) -> bytes | None:
+    """``raw`` after ``strip(obj)``, byte for byte as the server wrote it everywhere else: its
+    separators, each number's text, its non-ASCII characters raw or escaped as they were, and
+    every string escape as written: a lone surrogate (``"\\ud83d"``, valid JSON that is no
+    UTF-8), a pair, ``\\u00e9``, ``\\/``. The escapes are masked before parsing and put back
+    after serializing, so no serializer's choice reaches the harness. None where it cannot be
+    done (the caller falls back to ``dumps_like_safe``)."""
+    masked = _mask_escapes(raw)
+    text, prefix, escapes = masked if masked is not None else (raw, b"", [])
+    item, kv, _ = json_style(text)
+    try:
+        if (item, kv) == (",", ":"):
+            obj = loads_faithful(text)
+            strip(obj)
+            out = orjson.dumps(obj)
+        else:  # a Python json.dumps server (spaced): its floats were Python's repr already
+            obj = json.loads(text)
+            strip(obj)
+            out = json.dumps(obj, ensure_ascii=False, separators=(item, kv), allow_nan=True).encode()
+    except (TypeError, ValueError, orjson.JSONEncodeError, UnicodeEncodeError):
+        return None
+    return _unmask(out, prefix, escapes) if escapes else out
+
+
+def has_escapes(raw: bytes) -> bool:
+    """Whether raw holds an escape that only ``dumps_stripped`` writes back as it was."""
+    return b"\\u" in raw or b"\\/" in raw
 
 
 # Token ids are int32 (the log's type): null, a float, a bool or a value past int32 in an id list

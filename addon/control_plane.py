@@ -1,4 +1,5 @@
-"""The episode end: ``POST /polar/<episode_id>/end`` (mitmproxy addon).
+"""The episode end: ``POST /polar/<episode_id>/end``, and ``GET /polar/@control`` (whether this
+proxy holds a control secret: the rollout node refuses an open one) (mitmproxy addon).
 
 Answered here, never forwarded (access.py has checked the control secret and the body's size).
 The body is parsed bounded (polar_contracts/control.py: depth, a finite reward within
@@ -15,8 +16,8 @@ from mitmproxy import ctx, exceptions, http
 from addon.access import Access, fail_closed
 from addon.open_logs import EpisodeFinished, TooManyEpisodes
 from addon.proxy_state import ROUTE, ProxyState, error_response, json_response
-from addon.routing import END_KIND
-from polar_contracts.control import MAX_ABS_REWARD, ControlRequestError, parse_end_body
+from addon.routing import END_KIND, STATUS
+from polar_contracts.control import MAX_ABS_REWARD, ControlRequestError, parse_end_body, status_body
 from polar_contracts.log.table import LogError
 
 log = logging.getLogger("polar")
@@ -44,7 +45,12 @@ class ControlPlane:
 
     async def request(self, flow: http.HTTPFlow) -> None:
         r = flow.metadata.get(ROUTE)
-        if flow.response is not None or r is None or r.kind != END_KIND:
+        if flow.response is not None or r is None:
+            return
+        if r.kind == STATUS:  # (access.py checked the secret, as for every /polar/@ path)
+            flow.response = json_response(200, status_body(self.state.secret is not None))
+            return
+        if r.kind != END_KIND:
             return
         try:
             await self._end_episode(flow, r.episode_id)
@@ -60,10 +66,13 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
-        def on_end(n: int) -> None:
+        def on_end(n: int | BaseException) -> None:
             def settle() -> None:
                 if not done.done():
-                    done.set_result(n)
+                    if isinstance(n, BaseException):  # the deferred end record could not be written
+                        done.set_exception(n)
+                    else:
+                        done.set_result(n)
             try:
                 loop.call_soon_threadsafe(settle)
             except RuntimeError:  # the loop is closed (shutdown): nobody waits any more
@@ -97,6 +106,11 @@ class ControlPlane:
                     "episode_id": episode_id, "reward": reward, "ended": False, "pending_calls": pending,
                     "message": "calls of this episode are still in flight; the end record is written "
                                "after the last one's row"})
+                return
+            except (OSError, LogError) as exc:  # (after TimeoutError: an OSError subclass)
+                log.error("polar: episode %s: end record not written: %s", episode_id, exc)
+                flow.response = error_response(503, f"polar proxy could not write the end record of episode "
+                                                    f"{episode_id!r} ({type(exc).__name__}: {exc}); retry the end")
                 return
         flow.response = json_response(200, {"episode_id": episode_id, "calls": n, "reward": reward, "ended": True})
 

@@ -23,7 +23,7 @@ from addon.applied_sampling import GenerationConfigError, load_generation_config
 from addon.idlists import PromptCache
 from addon.logprobs_probe import PROBE_TIMEOUT, probe_upstream
 from addon.open_logs import MAX_EPISODES, MAX_OPEN, EpisodeFinished, Episodes, TooManyEpisodes
-from addon.proxy_state import CALL, ROUTE, ProxyState, error_response
+from addon.proxy_state import CALL, DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, MODEL, MODELS, RouteError, api_of, check_episode_id
 from addon.server_dialects import DIALECTS, dialect_from_models
@@ -257,7 +257,10 @@ class Capture:
         req = flow.request
         encoded = heads.get("content-encoding", "identity").lower() not in ("", "identity")
         try:
-            raw = req.content if encoded else req.raw_content
+            # (a compressed body was decoded within polar_max_body by access.py; else it did not decode)
+            raw = flow.metadata.pop(DECODED_BODY, None) if encoded else req.raw_content
+            if raw is None and req.raw_content:
+                raise ValueError(f"content-encoding {heads.get('content-encoding')!r}: the body does not decode")
         except ValueError as exc:  # a content-encoding that does not decode
             c.errors.append(f"request body could not be decoded ({exc}); passed through unmodified")
             c.request_text = (req.raw_content or b"")[:1000].decode("utf-8", "replace").encode()

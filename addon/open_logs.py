@@ -44,7 +44,8 @@ class EpisodeEnding(EpisodeFinished):
 class _Pending:
     reward: float | None
     metadata: dict[str, Any]
-    waiters: list[Any] = field(default_factory=list)  # callbacks(calls_written) run at the end
+    # callbacks(calls_written) run at the end; callbacks(exception) when its record cannot be written
+    waiters: list[Any] = field(default_factory=list)
 
 
 class Episodes:
@@ -142,7 +143,14 @@ class Episodes:
             pending = self._ending.pop(episode_id, None)
         if pending is None:
             return None
-        n = self._finish(episode_id, pending.reward, pending.metadata)
+        try:
+            n = self._finish(episode_id, pending.reward, pending.metadata)
+        except (OSError, LogError) as exc:
+            # the end record is not on disk (a full disk): whoever waits on this end is told so,
+            # never that it ended; the episode stays open, so the end can be sent again
+            for cb in pending.waiters:
+                cb(exc)
+            raise
         for cb in pending.waiters:
             cb(n)
         return n

@@ -24,6 +24,7 @@ from addon.weight_hold import UpstreamWeights
 log = logging.getLogger("polar")
 
 ROUTE = "polar_route"  # flow.metadata key: the request's routing.Route, set by access.Access
+DECODED_BODY = "polar_decoded_body"  # flow.metadata: a compressed request body, decoded within its bound (access.py)
 CALL = "polar_call"  # flow.metadata key: the model call being captured (call.CapturedCall)
 
 

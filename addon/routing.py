@@ -8,7 +8,8 @@ Every request is one of:
 - a model-API call the proxy captures (``MODEL_ROUTES``, and the translated APIs'
   ``polar_contracts.translate`` routes: POST chat/completions, completions, responses, messages,
   Gemini ``/v1beta/models/<model>:generateContent`` and ``:streamGenerateContent``),
-  or the model listing ``GET /v1/models[/<id>]``. Its episode: header ``x-polar-episode``, then
+  or the model listing ``GET /v1/models[/<id>]`` and ``POST /v1/messages/count_tokens`` (forwarded,
+  not captured: ``PASS_THROUGH``). Its episode: header ``x-polar-episode``, then
   the path prefix ``/polar/<episode>/`` (stripped before forwarding), then the ``polar_episode``
   option. With a control secret configured the episode must be named by its capability
   (``<episode_id>~<mac>``): a bare id, a wrong mac or no episode at all is 403.
@@ -30,6 +31,7 @@ from polar_contracts.control import (
     ENDPOINTS,
     EPISODE_HEADER,
     PREFIX,
+    STATUS_PATH,
     ControlRequestError,
     check_capability,
     check_secret,
@@ -43,9 +45,14 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 API_BY_PATH = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completions"}
 MODELS_PATH = "/v1/models"  # GET: the served models (harnesses list them; nothing is captured)
+# Forwarded untouched and not captured (they generate no tokens) though not model calls: Claude
+# Code counts a prompt's tokens before sending it (Anthropic's POST /v1/messages/count_tokens; the
+# Messages API is also served without /v1). The server answers as it would directly (vLLM 0.32: 404).
+PASS_THROUGH = frozenset({("POST", "/v1/messages/count_tokens"), ("POST", "/messages/count_tokens")})
 
 # What a request is (Route.kind).
-MODEL, MODELS, END_KIND, WEIGHTS = "model", "models", "end", "weights"
+MODEL, MODELS, END_KIND, WEIGHTS = "model", "models", "end", "weights"  # MODELS: forwarded, not captured
+STATUS = "status"  # GET /polar/@control: whether this proxy holds a control secret
 
 
 class RouteError(ControlRequestError):
@@ -57,7 +64,7 @@ class Route:
     episode_id: str | None  # None: a weight endpoint, or an unnamed GET /v1/models
     path: str  # the path to forward (prefix stripped), query string included
     is_end: bool = False  # POST /polar/<id>/end
-    kind: str = MODEL  # MODEL | MODELS | END_KIND | WEIGHTS
+    kind: str = MODEL  # MODEL | MODELS | END_KIND | WEIGHTS | STATUS
     endpoint: str | None = None  # WEIGHTS: which of polar_contracts.control.ENDPOINTS
     mac: str | None = None  # the capability's mac that named the episode (a credential: scrubbed from logs)
 
@@ -91,10 +98,15 @@ def is_models_listing(method: str, path: str) -> bool:
     return head == MODELS_PATH and name not in ("", ".", "..") and "%" not in name and "\\" not in name
 
 
+def is_pass_through(method: str, path: str) -> bool:
+    """A model-API route forwarded untouched and not logged (PASS_THROUGH)."""
+    return (method.upper(), _bare(path).rstrip("/")) in PASS_THROUGH
+
+
 def is_model_route(method: str, path: str) -> bool:
-    """A path the proxy forwards: a captured model call or the model listing."""
+    """A path the proxy forwards: a captured model call, the model listing or a PASS_THROUGH route."""
     return api_of(method, path) is not None or translator_for(method, path) is not None or \
-        is_models_listing(method, path)
+        is_models_listing(method, path) or is_pass_through(method, path)
 
 
 def split_prefix(path: str) -> tuple[str | None, str]:
@@ -143,8 +155,13 @@ def route(method: str, path: str, headers: Mapping[str, str], default_episode: s
         if secret:
             _secret(secret, headers)
         endpoint = _bare(path).rstrip("/")
+        if endpoint == STATUS_PATH:
+            if method.upper() != "GET":
+                raise RouteError(f"{STATUS_PATH} accepts GET only, not {method}", status=405)
+            return Route(None, path, kind=STATUS, endpoint=endpoint)
         if endpoint not in ENDPOINTS:
-            raise RouteError(f"no control endpoint {endpoint!r} (there are {', '.join(ENDPOINTS)})", 404)
+            raise RouteError(f"no control endpoint {endpoint!r} (there are {', '.join((*ENDPOINTS, STATUS_PATH))})",
+                             404)
         return Route(None, path, kind=WEIGHTS, endpoint=endpoint)
     prefixed, rest = split_prefix(path)
     if prefixed is not None and _bare(rest) in (f"/{END}", f"/{END}/"):
@@ -158,7 +175,7 @@ def route(method: str, path: str, headers: Mapping[str, str], default_episode: s
         raise RouteError(f"{method} {_bare(rest)[:200]} is not a model API route: this proxy forwards only "
                          f"POST chat/completions, completions, responses, messages, Gemini "
                          f"models/<model>:generateContent | :streamGenerateContent and GET /v1/models", 403)
-    kind = MODELS if is_models_listing(method, rest) else MODEL
+    kind = MODELS if is_models_listing(method, rest) or is_pass_through(method, rest) else MODEL
     header = headers.get(EPISODE_HEADER)
     named = [(v, s) for v, s in ((header, f"header {EPISODE_HEADER}"), (prefixed, "path prefix /polar/<id>/"))
              if v is not None]

@@ -16,7 +16,9 @@ Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
   SGLang sends no weight-version header), and removes ``meta_info`` again. Streaming chat rejects those
   flags: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` add a final
   ``choices: []`` chunk carrying ``sglext: {input_ids, output_ids}``, which exists only because of
-  the flags and is dropped whole. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
+  the flags and is dropped whole, unless the harness asked for ids in it itself (by those fields,
+  or by SGLang's headers ``x-sglext-return-input-ids: 1`` / ``x-sglext-return-output-ids: 1``:
+  ``sglext_header_flags``): then it keeps what it asked for. Completions: ``return_token_ids`` puts ``prompt_token_ids`` and
   ``token_ids`` on the choice. SGLang leaves unrequested keys out, so the proxy deletes them.
 - Logprobs: chat ``logprobs: true`` (per-token ``choices[i].logprobs.content[].logprob``);
   completions ``logprobs: 0`` on vLLM, ``1`` on SGLang (legacy ``token_logprobs``). When the harness did
@@ -88,8 +90,23 @@ def needs_whole_body(api: str, dialect: str, head: dict) -> bool:
     return api == "completions" and dialect == "vllm" and bool(head.get("echo"))
 
 
-def plan_request(api: str, dialect: str, body: dict) -> Plan:
-    """Decide the fields to add; the caller applies ``plan.added`` to the body."""
+# SGLang's request headers that set the sglext flags (serving_chat.py _convert_to_internal_request:
+# exactly "1"): a harness may ask for the ids that way, and then its stream keeps them.
+SGLEXT_HEADERS = (("return_input_ids_in_sglext", "x-sglext-return-input-ids"),
+                  ("return_output_ids_in_sglext", "x-sglext-return-output-ids"))
+
+
+def sglext_header_flags(dialect: str, headers: Any) -> frozenset:
+    """The sglext flags the harness set by header (SGLang only; ``headers``: any mapping with a
+    case-insensitive ``get``, as mitmproxy's Headers)."""
+    if dialect != "sglang" or headers is None:
+        return frozenset()
+    return frozenset(f for f, h in SGLEXT_HEADERS if headers.get(h) == "1")
+
+
+def plan_request(api: str, dialect: str, body: dict, header_flags: frozenset = frozenset()) -> Plan:
+    """Decide the fields to add; the caller applies ``plan.added`` to the body. ``header_flags``:
+    the id flags the harness set by request header (``sglext_header_flags``)."""
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}; expected one of {DIALECTS}")
     stream = lax_bool(body.get("stream")) is True  # ("stream": "true" or 1 streams too)
@@ -110,7 +127,7 @@ def plan_request(api: str, dialect: str, body: dict) -> Plan:
         added["return_meta_info"] = True  # for meta_info.weight_version (removed from the answer)
     else:
         added["return_token_ids"] = True
-    own = frozenset(k for k in added if k != "logprobs" and lax_bool(body.get(k)))
+    own = frozenset(k for k in added if k != "logprobs" and (lax_bool(body.get(k)) or k in header_flags))
     for k in own:  # the harness asked for it: nothing to add, and its answer keeps the field
         del added[k]
     n = lax_int(body.get("n"))

@@ -17,7 +17,17 @@ import orjson
 
 from addon.server_dialects import strip_response
 
-from .capture import COMPACT_UTF8, CallCapture, dumps_faithful, dumps_fast, dumps_like_python, dumps_like_safe, json_style
+from .capture import (
+    COMPACT_UTF8,
+    CallCapture,
+    dumps_faithful,
+    dumps_fast,
+    dumps_like_python,
+    dumps_like_safe,
+    dumps_stripped,
+    has_escapes,
+    json_style,
+)
 from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
 
@@ -120,7 +130,13 @@ class _Base:
         return b"".join(self._safe_event(ev) for ev in self.parser.close()) + self._end()
 
     def _end(self) -> bytes:
-        return b""
+        """The server ended the stream without [DONE]: the row is written now, before the end of
+        the body reaches the harness; if it cannot be, the harness gets an error event, not a
+        clean end (a call is never answered as a success unrecorded)."""
+        if self.saw_done or self.on_final is None:
+            return b""
+        err = self._final()
+        return b"" if err is None else error_event(err)
 
     def release(self) -> None:
         """Drop the per-flow buffers now: mitmproxy keeps this callable on the finished flow, and
@@ -169,7 +185,11 @@ class StreamFilter(_Base):
         if not changed:
             return ev.raw
         data = ev.data_bytes
-        if json_style(data) == COMPACT_UTF8:
+        if has_escapes(data):  # (lone surrogates, \u-escaped text: written back as the server wrote them)
+            out = dumps_stripped(data, lambda o: strip_response(plan, o))
+            if out is not None:
+                return serialize_event(ev, out)
+        elif json_style(data) == COMPACT_UTF8:
             if not plan.harness_logprobs:
                 # no floats left once the proxy's own logprobs are nulled: the fast serializer is exact
                 try:

@@ -33,6 +33,17 @@ def harness_cache() -> Path:
     return Path(os.environ.get("POLAR_HARNESS_CACHE") or polar_cache("harnesses"))
 
 
+def install_prefix(exe: str | os.PathLike) -> Path | None:
+    """The recipe's own install prefix, <harness cache>/<name>/ (recipes/install.py), that holds
+    ``exe`` (as given or resolved); None for an executable outside the harness cache."""
+    cache = harness_cache()
+    for root in {cache.absolute(), cache.resolve()}:
+        for p in (Path(os.path.abspath(exe)), Path(exe).resolve()):
+            if p.is_relative_to(root) and p != root:
+                return root / p.relative_to(root).parts[0]
+    return None
+
+
 def vllm_python() -> Path:
     """The Python of the real vLLM's own environment (`make vllm` builds it: vLLM's pins conflict with
     mitmproxy's, so it cannot share ours): $POLAR_VLLM_PYTHON, else <cache>/vllm-venv/bin/python."""

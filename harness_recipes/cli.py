@@ -29,6 +29,7 @@ from harness_recipes.fleet.queue import plan_groups
 from harness_recipes.fleet.store import Store, StoreError
 from harness_recipes.node.processes import stop
 from harness_recipes.node.progress import FleetView, Progress, summary_table
+from harness_recipes.node.proxy_control import ProxyControlError, check_proxy
 from harness_recipes.node.records import Records
 from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
@@ -36,7 +37,7 @@ from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_reci
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
-from polar_contracts.control import read_secret_file
+from polar_contracts.control import OPEN, read_secret_file
 from trainer.ray_join import RayJoinError
 
 
@@ -78,6 +79,9 @@ def main() -> None:
               help="the file holding the proxy's control secret (the proxy's polar_control_secret_file, mode "
                    "0600): episodes are ended with it and harnesses get capabilities; without it the proxy must "
                    "have an open control plane")
+@click.option("--unsafe-open-proxy", is_flag=True,
+              help="run against a proxy with an OPEN control plane (no control secret: the agent could end its own "
+                   "episode with any reward); refused without this flag. Every row is marked control_plane=open")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="the proxy's polar_logdir")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards + rollout records")
 @runtime_options
@@ -92,12 +96,13 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
-def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, logdir, out, runtime,
-        isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon, keep_workspaces,
-        no_progress) -> None:
+def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, unsafe_open_proxy,
+        logdir, out, runtime, isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon,
+        keep_workspaces, no_progress) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file, api_key_env)
+    _check_proxy_control(settings, unsafe_open_proxy)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
     work = Path(out) / "rollout" / "work"
@@ -327,6 +332,21 @@ def swebench_specs() -> None:
     """Per repo and version of SWE-bench's spec tables: buildable here, or why not (no rows needed)."""
     from harness_recipes.tasks.swebench.plan import spec_table
     click.echo(spec_table(), nl=False)
+
+
+def _check_proxy_control(settings: ep.Settings, allow_open: bool) -> None:
+    """Refuse an open proxy (node/proxy_control.py) before any episode runs; record what it is."""
+    try:
+        control = check_proxy(settings.proxy, settings.control_secret, allow_open)
+    except ProxyControlError as e:
+        raise click.ClickException(str(e)) from None
+    if control is None:
+        click.echo(f"polar-rollout: could not reach the capture proxy at {settings.proxy} to check its control "
+                   f"plane; episodes will fail until it answers", err=True)
+    elif control == OPEN:
+        click.echo("polar-rollout: WARNING: the capture proxy's control plane is OPEN (--unsafe-open-proxy): the "
+                   "agent could end its own episode with any reward; every row is marked control_plane=open", err=True)
+    settings.control_plane = control if control is not None else settings.control_plane
 
 
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:

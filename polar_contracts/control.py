@@ -52,6 +52,12 @@ SYNC_PATH = "/polar/@weights"
 HOLD_PATH = SYNC_PATH + "/hold"
 RELEASE_PATH = SYNC_PATH + "/release"
 ENDPOINTS = (SYNC_PATH, HOLD_PATH, RELEASE_PATH)
+# GET /polar/@control: {"control": "secured" | "open"}, whether the proxy holds a control secret.
+# A secured proxy answers it only with the secret (403 without, like every /polar/@ path), so the
+# node learns both that the proxy is secured and that it holds the node's secret; an open proxy
+# answers anyone. polar-rollout run asks it first and refuses an open proxy (see proxy_control).
+STATUS_PATH = CONTROL_PREFIX + "control"
+SECURED, OPEN = "secured", "open"
 SYNC_BODY_KEYS = frozenset({"path", "version"})
 SYNC_OPTIONAL_KEYS = frozenset({"peers_drained"})
 HOLD_BODY_KEYS = frozenset({"version", "lease_s"})
@@ -142,6 +148,11 @@ def check_secret(secret: str, given: str | None) -> None:
                                   f"needs its control secret", 403)
     if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), _key(secret)):
         raise ControlRequestError(f"control request with a wrong {CONTROL_HEADER} secret", 403)
+
+
+def status_body(secured: bool) -> dict[str, str]:
+    """The answer to ``GET /polar/@control``."""
+    return {"control": SECURED if secured else OPEN}
 
 
 def control_headers(secret: str | None) -> dict[str, str]:

@@ -82,10 +82,14 @@ SHARD_SCHEMA = pa.schema([
     # How the rollout confined the harness (the end metadata's "isolation"): bubblewrap | docker |
     # none (an explicit --isolation none: the agent ran unsandboxed). null = unknown (an older rollout).
     pa.field("isolation", pa.string()),
+    # Whether the capture proxy's control plane was secured (the end metadata's "control_plane"):
+    # secured | open (polar-rollout run --unsafe-open-proxy: the agent could have ended its own
+    # episode with a reward of its choosing). null = unknown (an older rollout).
+    pa.field("control_plane", pa.string()),
 ])
 
 # Columns a shard of an older build may lack (readers treat them as null): the sampling columns and these.
-FIDELITY_COLUMNS = ("realign_tokens", "realign_classes", "termination", "isolation")
+FIDELITY_COLUMNS = ("realign_tokens", "realign_classes", "termination", "isolation", "control_plane")
 # The `termination` values; TRUNCATED are those whose last completion was cut short.
 TERMINATIONS = ("stop", "length", "timeout", "error")
 TRUNCATED = ("length", "timeout")

@@ -95,7 +95,7 @@ class ShardWriter:
         self._writer = pq.ParquetWriter(
             str(self.tmp), SHARD_SCHEMA, compression=compression,
             use_dictionary=["episode_id", "group_id", "strategy", "weight_version", "model", "logprobs_mode",
-                            "sampling_unsupported", "termination", "isolation"],
+                            "sampling_unsupported", "termination", "isolation", "control_plane"],
             write_statistics=["episode_id", "group_id", "segment", "reward", "group_complete"])
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id

@@ -60,6 +60,7 @@ class Sequence:
     realign_classes: list[str] = field(default_factory=list)
     termination: str | None = None
     isolation: str | None = None  # the episode's, from its end metadata
+    control_plane: str | None = None  # likewise: secured | open
     # not columns: each call's file row and the row position where its completion starts (the
     # fidelity checks, the accounting of every sampled completion)
     call_rows: list[int] = field(default_factory=list)
@@ -106,6 +107,12 @@ def isolation(ep: Episode) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def control_plane(ep: Episode) -> str | None:
+    """Whether the proxy's control plane was secured (end metadata "control_plane"); None when unsaid."""
+    value = (ep.metadata or {}).get("control_plane")
+    return value if isinstance(value, str) else None
+
+
 def termination(ep: Episode, calls: list[Call]) -> str:
     """How a row ended (shards.TERMINATIONS), for the trainer's mask_truncated_completions, which
     masks every row of an episode that ended by length/timeout: the row's own last call when that
@@ -134,7 +141,7 @@ def _pieces_to_sequence(ep: Episode, seg: int, calls: list[Call], pieces, n_real
         ep.episode_id, seg, ids, mask, lps.astype(np.float32, copy=False), len(calls), n_realign,
         oldest_version([c.info.get("weight_version") for c in calls]), calls[0].info.get("model"),
         [c.call_index for c in calls], **chain_sampling(calls), termination=termination(ep, calls),
-        isolation=isolation(ep), call_rows=[c.row for c in calls], starts=starts,
+        isolation=isolation(ep), control_plane=control_plane(ep), call_rows=[c.row for c in calls], starts=starts,
     )
 
 
@@ -332,7 +339,8 @@ def retokenize_sequences(ep: Episode, m: TurnMarkers, retok: Retokenizer, nodes:
                             oldest_version([c.info.get("weight_version") for c in calls]),
                             calls[0].info.get("model"), [c.call_index for c in calls],
                             **chain_sampling(calls), termination=termination(ep, calls),
-                            isolation=isolation(ep), realign_tokens=None, call_rows=[c.row for c in calls]))
+                            isolation=isolation(ep), control_plane=control_plane(ep), realign_tokens=None,
+                            call_rows=[c.row for c in calls]))
     return out
 
 

@@ -47,6 +47,15 @@ class Settings:
     # and syncs weights with it, and hands each harness only its episode's capability, which
     # authorizes that episode's model calls and nothing else. Never in a harness's env or files.
     control_secret: str | None = field(default=None, repr=False)
+    # What the proxy said its control plane is (node/proxy_control.py: "secured" | "open"); None:
+    # not asked (the node's own proxies: secured with its secret). On every row (control_plane).
+    control_plane: str | None = None
+
+    def control_mark(self) -> str:
+        """The end metadata's "control_plane": what the proxy said, else what the node's secret implies."""
+        if self.control_plane is not None:
+            return self.control_plane
+        return "secured" if self.control_secret else "open"
 
     def episode_name(self, eid: str) -> str:
         """What the harness names its episode by: the capability (a bare id for an open proxy)."""

@@ -221,7 +221,9 @@ class Pipeline:
         meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
                 "status": r.get("status"), "discard": discard,
                 # how the harness was confined: none marks an unsandboxed episode on every row
-                "isolation": self.runtime.isolation}
+                "isolation": self.runtime.isolation,
+                # whether the proxy's control plane was secured (open: the agent could end episodes)
+                "control_plane": self.settings.control_mark()}
         if self.recipe.auxiliary:
             # how this harness's auxiliary calls look (a title call, ...): the log reader flags them so
             # they are never trained with the episode's reward (polar_contracts/auxiliary.py)

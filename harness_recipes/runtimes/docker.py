@@ -3,12 +3,12 @@
 Image: built locally, never pulled. `polar-rollout-base` is a `docker import` of a skeleton root
 (directories and the usr-merge symlinks); the host's /usr and /etc are bind-mounted read-only, so
 the container runs the host's node, python and git without copying gigabytes into an image. The
-harness install cache is mounted read-only at the same path, the episode directory (workspace +
+harness recipe's own install prefix is mounted read-only at the same path, the episode directory (workspace +
 home) read-write at the same path, so recipe templates render identically under both runtimes.
 
 SWE-bench tasks (task.swebench) run in their instance's image instead (images.py: the official
 image when docker has it, else one built from a debootstrap'ed Debian base), the repository at
-/testbed; only the harness cache, the episode directory and the host's node binary are mounted.
+/testbed; only the recipe's install prefix, the episode directory and the host's node binary are mounted.
 A container that stops under a command (killed, OOM) raises ContainerGone with docker's account
 of why: the episode ends as an infrastructure error, not as the harness's failure.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from harness_recipes.runtimes.images import ImageError, image_path, instance_image
 from harness_recipes.tasks.task_file import Task
 
-from ..cache import harness_cache
+from ..cache import install_prefix
 from .api_socket import SANDBOX_DIR, ApiSocket
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 from .file_tree import ObjectStore, Snapshot, snapshot_tar
@@ -261,12 +261,22 @@ class DockerRuntime(Runtime):
             vols[str(api.dir)] = {"bind": SANDBOX_DIR, "mode": "ro"}
         return vols
 
-    def _volumes(self, root: Path, api: ApiSocket | None, grading: bool = False) -> list[str]:
-        cache = harness_cache().resolve()
+    @staticmethod
+    def _harness_mount(harness_prefix: Path | None) -> dict:
+        """The recipe's own install prefix, read-only (not the whole harness cache: other harnesses
+        and their caches are not the agent's business); nothing for an executable outside it."""
+        src = install_prefix(harness_prefix) if harness_prefix is not None else None
+        if src is None:
+            return {}
+        src = src.resolve()
+        return {str(src): {"bind": str(src), "mode": "ro"}}
+
+    def _volumes(self, root: Path, api: ApiSocket | None, grading: bool = False,
+                 harness_prefix: Path | None = None) -> list[str]:
         vols = {
             "/usr": {"bind": "/usr", "mode": "ro"},
             "/etc": {"bind": "/etc", "mode": "ro"},
-            **({} if grading else {str(cache): {"bind": str(cache), "mode": "ro"}}),
+            **({} if grading else self._harness_mount(harness_prefix)),
             **self._episode_volumes(root, api),
         }
         binds = [f"{src}:{v['bind']}:{v['mode']}" for src, v in vols.items()]
@@ -281,8 +291,10 @@ class DockerRuntime(Runtime):
             environment={"HOME": str(root / "home")}, hostname="sandbox",
         )
 
-    def _start(self, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False):
-        return self._run(self.image, self._volumes(root, api, grading), str(root / "workspace"), root, eid)
+    def _start(self, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False,
+               harness_prefix: Path | None = None):
+        return self._run(self.image, self._volumes(root, api, grading, harness_prefix), str(root / "workspace"),
+                         root, eid)
 
     async def _with_api(self, sandbox: DockerSandbox, api: ApiSocket | None) -> DockerSandbox:
         """Give the sandbox its way in: the image's python3 runs the inner forwarder; none: the episode
@@ -306,14 +318,14 @@ class DockerRuntime(Runtime):
     async def prepare(self, task: Task, episode_id: str, harness_prefix: Path, upstream: str | None = None,
                       grading: bool = False) -> Sandbox:
         if task.swebench is not None:
-            return await self._prepare_instance(task, episode_id, upstream, grading)
+            return await self._prepare_instance(task, episode_id, upstream, grading, harness_prefix)
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         api = None
         try:
             (root / "home").mkdir()
             await asyncio.to_thread(populate_workspace, task, root / "workspace")
             api = await ApiSocket(upstream).start() if upstream is not None else None
-            container = await asyncio.to_thread(self._start, root, episode_id, api, grading)
+            container = await asyncio.to_thread(self._start, root, episode_id, api, grading, harness_prefix)
             sandbox = DockerSandbox(self.client, container, root, image=self.image)
             return await self._with_api(sandbox, api)
         except BaseException:
@@ -329,19 +341,20 @@ class DockerRuntime(Runtime):
 
     # ---- SWE-bench instances: the instance's own image, the repository at /testbed in it ----------
 
-    def _instance_volumes(self, root: Path, api: ApiSocket | None = None) -> dict:
-        cache = harness_cache().resolve()
-        vols = {str(cache): {"bind": str(cache), "mode": "ro"}, **self._episode_volumes(root, api, workspace=False)}
+    def _instance_volumes(self, root: Path, api: ApiSocket | None = None, harness_prefix: Path | None = None) -> dict:
+        vols = {**self._harness_mount(harness_prefix), **self._episode_volumes(root, api, workspace=False)}
         if self._node is None:
             self._node = node_mounts(self.workdir)
         return {**vols, **self._node}
 
-    def _start_instance(self, image: str, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False):
-        vols = self._episode_volumes(root, None, workspace=False) if grading else self._instance_volumes(root, api)
+    def _start_instance(self, image: str, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False,
+                        harness_prefix: Path | None = None):
+        vols = (self._episode_volumes(root, None, workspace=False) if grading
+                else self._instance_volumes(root, api, harness_prefix))
         return self._run(image, vols, WORKDIR, root, eid)
 
     async def _prepare_instance(self, task: Task, episode_id: str, upstream: str | None = None,
-                                grading: bool = False) -> Sandbox:
+                                grading: bool = False, harness_prefix: Path | None = None) -> Sandbox:
         inst = task.swebench
         root = Path(tempfile.mkdtemp(prefix=f"polar-{episode_id}-", dir=self.workdir))
         api = None
@@ -356,7 +369,8 @@ class DockerRuntime(Runtime):
                 raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
             self.images[inst["instance_id"]] = (image, how)
             api = await ApiSocket(upstream).start() if upstream is not None else None
-            container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading)
+            container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading,
+                                                harness_prefix)
             sandbox = DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
             sandbox.image_path = image_path(how)  # official (its conda env) | built (Polar's venv)
             return await self._with_api(sandbox, api)

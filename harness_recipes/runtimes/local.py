@@ -1,7 +1,7 @@
 """The local runtime: a temporary directory per episode, run under bubblewrap.
 
 Under bubblewrap the harness sees a root built from nothing: read-only the system (/usr, the
-usr-merge links, /etc less its secrets), the harness CLIs (the harness cache) and the Python
+usr-merge links, /etc less its secrets), the harness CLI (its recipe's own install prefix) and the Python
 environment its interpreter lives in (a venv and the Python it was made from); read-write only its
 workspace and home; a private /tmp, /proc and /dev. Not the checkout, not LOGDIR or OUT, not the
 rest of $POLAR_CACHE, not /root, not other episodes. It has its own network namespace (only `lo`),
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness_recipes.cache import harness_cache
+from harness_recipes.cache import install_prefix
 from harness_recipes.tasks.task_file import Task
 
 from .api_socket import SANDBOX_DIR, ApiSocket
@@ -62,7 +62,7 @@ def _under_system(p: Path) -> bool:
 def interpreter_dirs(exe: Path) -> set[Path]:
     """Directories the harness's executable needs outside the system dirs: the directories along its
     symlink chain, the interpreter named by its #! line (recursively), a venv (pyvenv.cfg) and the
-    Python prefix a venv's python links to. The harness cache itself is bound whole."""
+    Python prefix a venv's python links to. The recipe's install prefix is bound by LocalRuntime.binds."""
     out: set[Path] = set()
     seen: set[Path] = set()
     todo = [Path(exe)]
@@ -174,11 +174,14 @@ class LocalRuntime(Runtime):
         self._binds: dict[Path, list[str]] = {}
 
     def binds(self, exe: Path) -> list[str]:
+        """What the sandbox sees read-only beyond the system: the harness's own install prefix
+        (never the whole harness cache: other harnesses and caches are not the agent's business),
+        its interpreters, and extra_ro."""
         if exe not in self._binds:
             keep = {*interpreter_dirs(exe), *(Path(p) for p in self.extra_ro)}
-            cache = harness_cache()
-            if cache.exists():
-                keep.add(cache.resolve())
+            prefix = install_prefix(exe)
+            if prefix is not None:
+                keep.add(prefix)
             self._binds[exe] = sorted(str(p) for p in keep if p.exists())
         return self._binds[exe]
 

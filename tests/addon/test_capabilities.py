@@ -151,7 +151,7 @@ def test_control_requests_need_the_secret():
     ("GET", "/metrics"), ("POST", "/v1/load_lora_adapter"), ("GET", "/"), ("HEAD", "/"),
     ("POST", "/v1/chat/completions/../../polar/reload"), ("POST", "/v1/chat%2Fcompletions"),
     ("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("GET", "/v1/models/../../pause"),
-    ("POST", "/chat/completions"), ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/chat/completions"), ("GET", "/v1/messages/count_tokens"), ("POST", "/v1/messages/count_tokens/x"),
 ])
 def test_only_model_api_routes_pass(secret, method, path):
     """Whatever the episode naming, a path that is not the model API is refused (403), also behind
@@ -161,6 +161,18 @@ def test_only_model_api_routes_pass(secret, method, path):
         with pytest.raises(RouteError, match="not a model API route") as ei:
             route(method, p, headers, "default", secret)
         assert ei.value.status == 403
+
+
+@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/messages/count_tokens", "/v1/messages/count_tokens?beta=1"])
+def test_count_tokens_passes_uncaptured_with_its_capability(path):
+    """Claude Code's token count: forwarded (kind MODELS: not a captured call), like every model
+    route only for a valid capability."""
+    cap = capability(SECRET, "e1")
+    r = route("POST", f"/polar/{cap}{path}", {}, "d", SECRET)
+    assert (r.kind, r.episode_id, r.path) == (MODELS, "e1", path)
+    with pytest.raises(RouteError) as ei:
+        route("POST", path, {"x-polar-episode": "e1"}, "d", SECRET)
+    assert ei.value.status == 403
 
 
 def test_open_proxy_keeps_bare_ids_and_the_default_episode():

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pytest
+from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow
 
 from addon import call as calls
@@ -46,6 +47,8 @@ def proxy(tmp_path):
 
 def request(addons, method: str, path: str, body: bytes = b"", headers: dict | None = None):
     f = tflow.tflow()
+    # as the proxy runs: a reverse proxy in front of the server (forward mode checks the destination)
+    f.client_conn.proxy_mode = ProxyMode.parse("reverse:http://address:22")
     f.request.method, f.request.path = method, path
     f.request.headers.clear()
     for k, v in (headers or {}).items():

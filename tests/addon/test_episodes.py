@@ -54,3 +54,29 @@ def test_shutdown_writes_pending_ends(tmp_path):
     assert ended == [0]
     assert read_episode(tmp_path / "c.arrow").finished
     assert not read_episode(tmp_path / "d.arrow").finished  # not ended: a later proxy may continue it
+
+
+def test_deferred_end_that_cannot_be_written_is_told_and_can_be_sent_again(tmp_path, monkeypatch):
+    """A full disk refuses the end record written after the last in-flight call: whoever waits on
+    the end gets the error (the proxy answers 503, retry), never a success, and the end can be
+    sent again once the disk takes it."""
+    import errno
+
+    from polar_contracts.log.writer import EpisodeWriter
+
+    eps = Episodes(tmp_path)
+    eps.begin_call("e")
+    got = []
+    assert eps.end("e", 1.0, {}, on_end=got.append) is None
+    real_end = EpisodeWriter.end
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(EpisodeWriter, "end", full)
+    with pytest.raises(OSError):
+        eps.call_done("e")
+    assert len(got) == 1 and isinstance(got[0], OSError)
+    assert not read_episode(tmp_path / "e.arrow").finished
+    monkeypatch.setattr(EpisodeWriter, "end", real_end)
+    assert eps.end("e", 1.0, {}) == 0  # sent again: written
+    assert read_episode(tmp_path / "e.arrow").finished

@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from addon import call as calls
-from addon.capture import dumps_faithful
+from addon.capture import dumps_faithful, dumps_stripped
 from addon.redact import credential_values
-from addon.server_dialects import plan_request
+from addon.server_dialects import plan_request, sglext_header_flags, strip_response
 from addon.sse import SSEParser
 from addon.stream import serialize_event
 from polar_contracts.control import ControlRequestError, parse_end_body
@@ -88,6 +88,31 @@ def test_final_event_failure_replaces_done_with_an_error_event():
                                       b'"code":503}}\n\n']
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_stream_without_done_is_written_before_its_end(fails):
+    """A server that ends its stream without [DONE]: the row is written at the end of the body,
+    before the harness gets that end; if it cannot be, the harness gets an error event."""
+    c = _call(b'{"model":"m","stream":true,"messages":[]}')
+    t = calls.start_response(c, 200, "text/event-stream")
+    written = []
+
+    def final():
+        calls.stream_final(c)
+        written.append(calls.rows(c, 1.0))
+        return "disk full" if fails else None
+    t.on_final = final
+    t(b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[7],"finish_reason":"stop",'
+      b'"logprobs":{"content":[{"logprob":-1}]}}],"prompt_token_ids":[1]}\n\n')
+    assert not written
+    end = t(b"")
+    assert len(written) == 1 and "stream ended without [DONE]" in written[0][0]["error"]
+    assert end == ([b'data: {"error":{"message":"disk full","type":"polar_proxy_error","code":503}}\n\n']
+                   if fails else [])
+    c.written = True
+    calls.finish_stream(c)  # (the response hook: nothing more goes into the row)
+    assert written[0][0]["completion_ids"].tolist() == [7]
+
+
 def test_huge_n_refused_and_big_ints_exact():
     with pytest.raises(calls.RequestRefused, match="polar_max_choices=128"):
         _call(b'{"model":"m","n":200000,"messages":[]}')
@@ -109,6 +134,30 @@ def test_serialize_event_keeps_other_fields():
 def test_dumps_faithful_keeps_number_text():
     raw = b'{"a":-1.19e-7,"b":1e-05,"c":123456789012345678901234567890,"d":[1,2],"e":"\xc3\xa9"}'
     assert dumps_faithful(raw, lambda o: o.pop("d")) == raw.replace(b',"d":[1,2]', b"")
+
+
+@pytest.mark.parametrize("text", [rb"\ud83d", rb"\ude00", rb"\ud83d\ude00", rb"\uD83D", b"\\u00e9 \xc3\xa9",
+                                  rb"\/", rb"\\ud83d", rb"\u001F \" \n \\"])
+@pytest.mark.parametrize("spaced", [False, True])
+def test_dumps_stripped_writes_every_escape_back_as_it_was(text, spaced):
+    raw = (b'{"choices":[{"index":0,"delta":{"content":"<' + text + b'>"},"logprobs":{"content":[{"token":"'
+           + text + b'","logprob":-1.19e-7}]},"token_ids":[5]}],"usage":{"x":12345678901234567890123}}')
+    if spaced:  # (a Python json.dumps server: its floats are Python's repr)
+        raw = raw.replace(b'":', b'": ').replace(b',"', b', "').replace(b"-1.19e-7", b"-1.19e-07")
+    want = raw.replace(b"[5]", b"null")
+    assert dumps_stripped(raw, lambda o: o["choices"][0].update(token_ids=None)) == want
+
+
+def test_sglext_ids_asked_by_header_are_the_harness_own():
+    h = {"x-sglext-return-output-ids": "1", "x-sglext-return-input-ids": "true"}  # (SGLang: exactly "1")
+    flags = sglext_header_flags("sglang", h)
+    assert flags == {"return_output_ids_in_sglext"} and sglext_header_flags("vllm", h) == frozenset()
+    plan = plan_request("chat", "sglang", {"stream": True}, flags)
+    assert "return_output_ids_in_sglext" not in plan.added and "return_input_ids_in_sglext" in plan.added
+    obj = {"choices": [], "usage": None, "sglext": {"input_ids": [1], "output_ids": [[2]]}}
+    assert strip_response(plan, obj) is True and obj["sglext"] == {"output_ids": [[2]]}
+    obj = {"choices": [], "usage": None, "sglext": {"input_ids": [1], "output_ids": [[2]]}}
+    assert strip_response(plan_request("chat", "sglang", {"stream": True}), obj) is None  # not asked: dropped
 
 
 def test_credentials_from_headers_and_query():
@@ -197,3 +246,32 @@ def test_writer_restart_refused_by_a_full_disk_recovers_later(tmp_path, monkeypa
     with pytest.raises(Exception, match="replaced or changed"):
         w2.append_call(call_index=1, **row)
     assert other.read_bytes() == b"someone else's"
+
+
+def test_bounded_decode_stops_one_byte_past_the_bound():
+    import gzip
+    import zlib
+
+    import zstandard
+
+    from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
+    body = b'{"a":"' + b"x" * 1000 + b'"}'
+    for enc, data in (("gzip", gzip.compress(body)), ("x-gzip", gzip.compress(body)),
+                      ("deflate", zlib.compress(body)), ("deflate", zlib.compress(body)[2:-4]),  # raw deflate
+                      ("zstd", zstandard.ZstdCompressor().compress(body)), ("identity, gzip", gzip.compress(body)),
+                      ("gzip, gzip", gzip.compress(gzip.compress(body)))):
+        assert bounded_decode(data, enc, len(body)) == body, enc
+        with pytest.raises(BodyTooLarge):
+            bounded_decode(data, enc, len(body) - 1)
+    bomb = gzip.compress(b"\0" * (64 * 2**20))
+    with pytest.raises(BodyTooLarge):
+        bounded_decode(bomb, "gzip", 2**20)
+    with pytest.raises(EncodingRefused, match="'compress'"):
+        bounded_decode(b"x", "compress", 10)
+    with pytest.raises(ValueError, match="gzip"):
+        bounded_decode(b"not gzip", "gzip", 10)
+    import brotli
+    try:
+        assert bounded_decode(brotli.compress(body), "br", len(body)) == body  # (brotli >= 1.2: bounded)
+    except EncodingRefused as exc:  # (older brotli: no output bound, so refused, never inflated)
+        assert "br cannot be decompressed with a size bound" in str(exc)

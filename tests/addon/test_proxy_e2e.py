@@ -328,6 +328,57 @@ def test_forward_proxy_https_with_upstream(tmp_path):
         assert row["error"] is None and row["completion_ids"] == server_ids(be, "chat", body, "vllm")[1]
 
 
+def test_forward_proxy_without_upstream_refuses_other_destinations(tmp_path):
+    """Forward-proxy mode without polar_upstream: the client names the host, so only the hosts of
+    polar_allowed_hosts may be named; any other destination (plain request or CONNECT) is 403,
+    logged, and never connected to (a canary listener on this host's loopback sees nothing)."""
+    import socket
+    import threading
+
+    canary = socket.socket()
+    canary.bind(("127.0.0.1", 0))
+    canary.listen(8)
+    canary.settimeout(0.2)
+    seen: list = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                seen.append(canary.accept()[0])
+            except OSError:
+                pass
+    threading.Thread(target=watch, daemon=True).start()
+    cport = canary.getsockname()[1]
+    logdir = tmp_path / "logs"
+    try:
+        with fake_backend(tmp_path, "vllm", chunks=3) as be:
+            allowed = be.url.removeprefix("http://")
+            with mitmdump(tmp_path, logdir, mode="regular",
+                          sets={"polar_allowed_hosts": allowed, "connection_strategy": "lazy",
+                                "polar_episode": "fwd"}) as px:
+                with httpx.Client(proxy=px.url, timeout=30) as c:
+                    for path in ("/v1/chat/completions", "/v1/models"):
+                        r = c.post(f"http://127.0.0.1:{cport}{path}", json=CHAT) if "chat" in path else \
+                            c.get(f"http://127.0.0.1:{cport}{path}")
+                        assert r.status_code == 403 and "not the inference server" in r.text, r.text
+                    r = c.post(f"{be.url}/v1/chat/completions", json=CHAT)  # the allowed server
+                    assert r.status_code == 200, r.text
+                with httpx.Client(proxy=px.url, verify=False, timeout=30) as c:
+                    with pytest.raises(httpx.ProxyError, match="403"):
+                        c.get(f"https://127.0.0.1:{cport}/v1/models")
+            time.sleep(0.5)
+        assert seen == []
+        refused = [json.loads(x) for x in (logdir / "refused.jsonl").read_text().splitlines()]
+        assert [x["status"] for x in refused] == [403, 403, 403]
+        assert read_log(logdir / "fwd.arrow")["error"][0] is None
+    finally:
+        stop.set()
+        canary.close()
+        for s in seen:
+            s.close()
+
+
 def test_upstream_down_is_recorded(tmp_path):
     """No server at all. With connection_strategy=lazy the request is read first: the harness gets
     mitmproxy's 502 and the row says why. (With the default eager strategy mitmproxy closes the

@@ -3,6 +3,9 @@ demand). Each request says what to answer in its header ``x-answer``: base64url 
   {"status": 200, "ctype": "application/json", "body": "<text>"}                  a whole body
   {"status": 200, "ctype": "text/event-stream", "chunks": ["<raw>", ...],
    "gap_s": 0, "hold_s": 0}                  chunks written one by one, then held open hold_s
+As a server does, it answers the ids only when asked: ``"ids_body"`` / ``"ids_chunks"`` replace
+``body`` / ``chunks`` when the request sets ``return_token_ids`` (so one spec, sent directly and
+through the proxy, gives the differential tests both answers).
 ``"quote_request": true`` appends the request's Authorization header and path to the body (an
 error that quotes what it got). Every request body is appended to --record (one JSON line).
 
@@ -24,6 +27,14 @@ def answer_header(spec: dict) -> str:
     return base64.urlsafe_b64encode(json.dumps(spec).encode()).decode()
 
 
+def _asks_ids(raw: bytes) -> bool:
+    try:
+        body = json.loads(raw)  # (the json module: a request with a lone surrogate is valid JSON)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("return_token_ids") is True
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     rec = request.app["record"]
@@ -36,6 +47,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if head is None:
         return web.json_response({"error": {"message": "no x-answer header"}}, status=400)
     spec = json.loads(base64.urlsafe_b64decode(head))
+    if _asks_ids(raw):
+        spec = {**spec, **{k[4:]: v for k, v in spec.items() if k.startswith("ids_")}}
     status, ctype = spec.get("status", 200), spec.get("ctype", "application/json")
     if "chunks" not in spec:
         body = spec.get("body", "")

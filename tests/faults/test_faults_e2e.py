@@ -122,6 +122,89 @@ def test_disk_full_refuses_unrecorded_calls_and_recovers(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
+def _two_choices() -> str:
+    obj = json.loads(whole([9707]))
+    obj["choices"].append({**obj["choices"][0], "index": 1, "token_ids": [1052]})
+    return json.dumps(obj, separators=(",", ":"))
+
+
+# (shape, spec, stream): each call's answer as the harness reads it: "ok" (a success), "refused"
+# (told that it was not recorded), anything else fails the test
+DISK_SHAPES = [
+    ("whole", ok_spec(), None),
+    ("stream", stream_spec(), True),
+    ("stream-without-done", stream_spec(good_stream()[:-1]), True),
+    ("two-choices", {"status": 200, "body": _two_choices()}, None),
+]
+
+
+def _verdict(shape: str, st: int, body: bytes) -> str:
+    if st == 503 and b"could not record" in body and b"No space left on device" in body:
+        return "refused"
+    assert st == 200, (shape, st, body[:300])
+    if shape.startswith("stream"):
+        if b"polar_proxy_error" in body:
+            assert b"No space left on device" in body and b"[DONE]" not in body, body
+            return "refused"
+        assert body.endswith(b"data: [DONE]\n\n") == (shape == "stream"), body
+    return "ok"
+
+
+def test_disk_filled_by_the_logs_every_success_has_its_row(tmp_path):
+    """The logs themselves fill the disk (big requests, four calls at a time, whole answers,
+    streams with and without [DONE], two-choice calls): every call the harness saw succeed has its
+    rows, every call refused is marked incomplete, and calls are recorded again once space frees."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "3m")
+    try:
+        logdir = disk / "logs"
+        filler = disk / "filler"
+        filler.write_bytes(os.urandom(1_500_000))  # (freed later: the recovery)
+        with scripted(tmp_path) as up, proxy(tmp_path, logdir, up.url) as px:
+            eps = [ep() for _ in range(3)]
+            for e in eps:  # (each episode's log exists before the disk fills)
+                assert call(px, e, ok_spec())[0] == 200
+
+            def one(i: int, phase: str) -> tuple[str, str, str, str]:
+                shape, spec, stream = DISK_SHAPES[i % len(DISK_SHAPES)]
+                marker = f"{phase}-{i}-{os.urandom(4).hex()}"
+                text = marker + " " + os.urandom(12_000).hex()  # (~24 KB, incompressible: ~12 KB a row)
+                body = {**CHAT, "messages": [{"role": "user", "content": text}],
+                        **({"n": 2} if shape == "two-choices" else {})}
+                st, raw, _ = call(px, eps[i % 3], spec, body, stream=stream)
+                return eps[i % 3], marker, shape, _verdict(shape, st, raw)
+
+            with ThreadPoolExecutor(4) as pool:
+                fill = list(pool.map(lambda i: one(i, "fill"), range(200)))
+            assert [v for *_, v in fill[-12:]] == ["refused"] * 12, [v for *_, v in fill]
+            filler.unlink()
+            after = [one(i, "after") for i in range(8)]
+            assert all(v == "ok" for *_, v in after), after
+            for e in eps:
+                assert end(px, e, {"reward": 1.0})[0] == 200
+        answers = fill + after
+        for e in eps:
+            df = read_log(log_of(logdir, e))
+            rows = rows_of(log_of(logdir, e))
+            mine = [a for a in answers if a[0] == e]
+            ok = [m for _, m, _, v in mine if v == "ok"]
+            requests = df["request"].to_list()
+            for m in ok:  # every success has its rows, with their ids
+                hit = [j for j, r in enumerate(requests) if m in r]
+                shape = next(s for _, mm, s, _ in mine if mm == m)
+                assert len(hit) == (2 if shape == "two-choices" else 1), (m, shape)
+                assert all(df["completion_ids"][j] is not None and len(df["completion_ids"][j]) for j in hit)
+            refused = sum(v == "refused" for *_, v in mine)
+            assert refused > 0 and [r["kind"] for r in rows].count("incomplete") == refused
+            # (a two-choice call refused after its first row got to disk leaves that row: marked)
+            assert len(df) - 1 <= len(ok) + sum(s == "two-choices" for _, _, s, v in mine if v == "ok") + refused
+            assert read_head(log_of(logdir, e)).metadata["discard"] is True
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
 def test_deleted_log_file_and_directory(stack):
     up, px, logdir = stack
     e = ep()
@@ -466,3 +549,46 @@ def test_sigterm_writes_interrupted_row_before_end_record(tmp_path):
     # quiet shutdown drops (mitmproxy_patches.py).
     assert "Traceback" not in out, out
     assert "could not log" not in out and "polar:" not in out, out
+
+
+# ---- 13. compressed request bodies are bounded by their decompressed size -------------------------
+
+def test_compressed_bombs_are_refused_not_inflated(tmp_path):
+    """A 30 KB gzip body that inflates to 32 MB: 413 naming the bound, never forwarded, no row; zstd
+    the same; the same for a control request (bounded by polar_max_control_body); a body under
+    the bound is still decoded, captured and answered."""
+    import gzip
+
+    import zstandard
+
+    logdir = tmp_path / "logs"
+    with scripted(tmp_path) as up, proxy(tmp_path, logdir, up.url, polar_max_body=4 * 2**20) as px:
+        from .scripted_upstream import answer_header
+        h = {"content-type": "application/json", "x-answer": answer_header(ok_spec())}
+        bomb_json = b'{"model":"m","messages":[{"role":"user","content":"' + b"a" * (32 * 2**20) + b'"}]}'
+        e = ep()
+        for enc, data in (("gzip", gzip.compress(bomb_json, 6)), ("zstd", zstandard.ZstdCompressor().compress(bomb_json))):
+            assert len(data) < 2**20
+            rss = int(open(f"/proc/{px.pid}/status").read().split("VmRSS:")[1].split()[0])
+            r = httpx.post(px.url + "/v1/chat/completions", content=data,
+                           headers={**h, "content-encoding": enc, "x-polar-episode": e}, timeout=60)
+            assert r.status_code == 413 and "decompresses to more than 4194304 bytes" in r.text, r.text
+            after = int(open(f"/proc/{px.pid}/status").read().split("VmRSS:")[1].split()[0])
+            assert after - rss < 20_000, (rss, after)  # KiB: never inflated to 32 MB
+        r = httpx.post(px.url + "/v1/chat/completions", content=b"x", timeout=30,
+                       headers={**h, "content-encoding": "br", "x-polar-episode": e})
+        assert r.status_code in (413, 415), r.text
+        end_bomb = gzip.compress(b'{"reward": 1, "metadata": {"x": "' + b"b" * 2**20 + b'"}}')
+        r = httpx.post(f"{px.url}/polar/{e}/end", content=end_bomb, headers={"content-encoding": "gzip"}, timeout=30)
+        assert r.status_code == 413 and "polar_max_control_body" in r.text, r.text
+        assert not up.record.exists() or up.record.read_text() == ""  # nothing was forwarded
+        assert not log_of(logdir, e).exists()
+        ok = gzip.compress(json.dumps(CHAT).encode())
+        r = httpx.post(px.url + "/v1/chat/completions", content=ok, timeout=30,
+                       headers={**h, "content-encoding": "gzip", "x-polar-episode": e})
+        assert r.status_code == 200, r.text
+        assert end(px, e, {"reward": 1.0})[0] == 200
+    df = read_log(log_of(logdir, e))
+    assert len(df) == 1 and df["error"][0] is None and df["completion_ids"][0].to_list() == [9707]
+    refused = [json.loads(x) for x in (logdir / "refused.jsonl").read_text().splitlines()]
+    assert [x["status"] for x in refused][:2] == [413, 413]

@@ -300,3 +300,22 @@ def test_isolation_is_carried_from_the_end_metadata(tmp_path):
     rows = pq.read_table(next((tmp_path / "out").glob("shard-*.parquet"))).to_pylist()
     by_episode = {(row["episode_id"], row["isolation"]) for row in rows}
     assert by_episode == {("open", "none"), ("boxed", "bubblewrap"), ("old", None)}, by_episode
+
+
+def test_control_plane_is_carried_from_the_end_metadata(tmp_path):
+    """Every row says whether its proxy's control plane was secured; a run against an open proxy
+    (polar-rollout run --unsafe-open-proxy) is marked on each row; an older rollout leaves null."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def run(c):
+        c.call(L.Sample("Plan.", "", [L.write_tool()]), results=["ok"])
+        c.call(L.Sample("", "Done.", []))
+    L.episode(logs, "open", run, harness="qwen-code", thinking=True, metadata={"control_plane": "open"})
+    L.episode(logs, "secured", run, harness="qwen-code", thinking=True, metadata={"control_plane": "secured"})
+    L.episode(logs, "old", run, harness="qwen-code", thinking=True)
+    r = build(logs, tmp_path / "out", Options(check=True))
+    assert not r.errors
+    rows = pq.read_table(next((tmp_path / "out").glob("shard-*.parquet"))).to_pylist()
+    got = {(row["episode_id"], row["control_plane"]) for row in rows}
+    assert got == {("open", "open"), ("secured", "secured"), ("old", None)}, got

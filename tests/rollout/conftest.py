@@ -14,13 +14,22 @@ FAKE = HERE / "fake_harness.py"
 
 
 class EndServer:
-    """A tiny HTTP server that answers POST /polar/<ep>/end like the addon and remembers each end."""
+    """A tiny HTTP server that answers POST /polar/<ep>/end like an open proxy's addon and remembers
+    each end (and GET /polar/@control: open)."""
 
     def __init__(self):
         self.ends: dict[str, dict] = {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # GET /polar/@control as an open proxy answers it (tests opt in to it)
+                ok = self.path == "/polar/@control"
+                body = b'{"control":"open"}' if ok else b""
+                self.send_response(200 if ok else 404)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 parts = self.path.strip("/").split("/")

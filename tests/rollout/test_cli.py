@@ -22,7 +22,8 @@ def cli(*args, **kw):
 
 def base_args(tmp_path, recipe, tasks, proxy):
     return ["run", "--recipe", str(recipe), "--tasks", str(tasks), "--proxy", proxy, "--logdir", str(tmp_path / "logs"),
-            "--out", str(tmp_path / "out"), "--no-progress", "--recon", "none", "--isolation", "none"]
+            "--out", str(tmp_path / "out"), "--no-progress", "--recon", "none", "--isolation", "none",
+            "--unsafe-open-proxy"]  # (end_server is an open proxy's end point: test_open_proxy.py has the refusal)
 
 
 def test_bad_task_file_is_a_clear_error(tmp_path):
