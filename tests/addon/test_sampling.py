@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from addon import call as calls
 from addon.applied_sampling import (
     NEUTRAL,
+    UNKNOWN_DEFAULTS,
     UNKNOWN_PENALTIES,
     GenerationConfigError,
     ModelDefaults,
@@ -27,7 +28,8 @@ QWEN3 = ModelDefaults({"temperature": 0.6, "top_k": 20, "top_p": 0.95}, "qwen3")
 
 def test_unset_fields_take_the_models_defaults_and_are_filled_in():
     r = resolve({"messages": []}, QWEN3)
-    assert r.columns == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "sampling_unsupported": None}
+    assert r.columns == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "sampling_unsupported": None,
+                         "sampling_source": "option: qwen3"}
     assert r.fill == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0,
                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert not r.unknown
@@ -35,18 +37,28 @@ def test_unset_fields_take_the_models_defaults_and_are_filled_in():
     r = resolve({"temperature": 1.0, "top_k": 0, "top_p": None}, QWEN3)
     assert r.columns["temperature"] == 1.0 and r.columns["top_k"] == -1 and r.columns["top_p"] == 0.95
     assert "temperature" not in r.fill and "top_k" not in r.fill and r.fill["top_p"] == 0.95
+    assert r.columns["sampling_source"] == "option: qwen3"  # (one of the four came from the defaults)
+    # discovered defaults say so; a request that sets all four is its own source
+    found = QWEN3.with_origin("discovered: vllm GET /v1/models root -> /m/generation_config.json")
+    assert resolve({}, found).columns["sampling_source"] == found.origin
+    r = resolve({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0}, found)
+    assert r.columns["sampling_source"] == "request"
 
 
 def test_none_means_the_servers_neutral_defaults():
     r = resolve({}, load_generation_config("none"))
-    assert r.columns == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "sampling_unsupported": None}
+    assert r.columns == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "sampling_unsupported": None,
+                         "sampling_source": "option: none"}
     assert r.fill == NEUTRAL
 
 
 def test_without_the_option_unset_fields_are_unknown_never_guessed():
     r = resolve({"messages": []}, None)
     assert r.columns == {"temperature": None, "top_p": None, "top_k": None, "min_p": None,
-                         "sampling_unsupported": None}
+                         "sampling_unsupported": None, "sampling_source": f"unknown: {UNKNOWN_DEFAULTS}"}
+    # the reason discovery gave is the row's
+    r = resolve({"messages": []}, None, "the server serves 'Qwen/Qwen3-8B' (...): set polar_generation_config")
+    assert r.columns["sampling_source"].startswith("unknown: the server serves 'Qwen/Qwen3-8B'")
     assert r.fill == {} and set(r.unknown) == {"temperature", "top_p", "top_k", "min_p"}
     # all four known but the penalties not: a model default penalty may apply
     r = resolve({"temperature": 0.7, "top_p": 1, "top_k": -1, "min_p": 0}, None)
@@ -197,7 +209,9 @@ def test_rows_carry_the_sampling_columns_and_the_mode():
 
 def test_combine_nulls_what_differs():
     a = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "logprobs_mode": "processed"}
-    assert combine([a, dict(a)]) == {**a, "sampling_unsupported": None}
+    assert combine([a, dict(a)]) == {**a, "sampling_unsupported": None, "sampling_source": None}
+    src = dict(a, sampling_source="request")
+    assert combine([src, dict(src, sampling_source="option: /m")])["sampling_source"] == "request; option: /m"
     got = combine([a, dict(a, top_k=None, sampling_unsupported="logit_bias")])
     assert got["top_k"] is None and got["temperature"] == 0.6
     assert got["sampling_unsupported"] == "logit_bias; mixed sampling parameters across calls"
