@@ -330,3 +330,60 @@ def test_the_probe_sends_the_servers_key_and_falls_back_to_the_served_model():
         assert [m for k, m, _ in seen if k] == ["claude-x", "served", "served"]
     finally:
         srv.shutdown()
+
+
+# -- sampling discovery (addon/sampling_discovery.py) -----------------------------------------------
+
+def test_discovery_reads_the_model_path_each_server_names(tmp_path):
+    from addon.sampling_discovery import defaults_at, model_path_of
+
+    cards = {"data": [{"id": "lora-a", "root": "/adapters/a"}, {"id": "m", "root": "/models/m"}]}
+    assert model_path_of("vllm", "/v1/models", cards, "m") == "/models/m"
+    assert model_path_of("vllm", "/v1/models", cards, None) == "/adapters/a"  # (the first card)
+    assert model_path_of("vllm", "/v1/models", {"data": [{"id": "m"}]}, None) is None
+    assert model_path_of("sglang", "/model_info", {"model_path": "/models/m", "weight_version": "default"}, None) \
+        == "/models/m"
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "do_sample": True}))
+    d = defaults_at(str(model), "vllm GET /v1/models root")
+    assert d.defaults.values == {"temperature": 0.6, "top_k": 20}
+    assert d.defaults.origin == f"discovered: vllm GET /v1/models root -> {model / 'generation_config.json'}"
+    gone = defaults_at("Qwen/Qwen3-8B", "vllm GET /v1/models root")
+    assert gone.defaults is None and gone.definite and "not a directory on the proxy's machine" in gone.why
+    assert "polar_generation_config" in gone.why
+    bad = defaults_at(str(tmp_path), "sglang GET /model_info model_path")  # a directory, not a model's
+    assert bad.defaults is None and "not a model directory" in bad.why
+
+
+def test_discovery_asks_sglangs_older_route_and_retries_an_unreachable_server(tmp_path):
+    import http.server
+    import threading
+
+    from addon.sampling_discovery import discover
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+
+    class Old(http.server.BaseHTTPRequestHandler):  # SGLang before /model_info
+        def do_GET(self):
+            body = json.dumps({"model_path": str(model)}).encode() if self.path == "/get_model_info" else b"{}"
+            self.send_response(200 if self.path == "/get_model_info" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        d = discover(f"http://127.0.0.1:{srv.server_port}", "sglang", None)
+    finally:
+        srv.shutdown()
+    assert d.defaults.values == {"temperature": 0.7} and "sglang GET /get_model_info model_path" in d.defaults.origin
+    down = discover(f"http://127.0.0.1:{srv.server_port}", "vllm", None, timeout=2)
+    assert down.defaults is None and not down.definite and "could not be asked" in down.why
