@@ -18,7 +18,10 @@ request leaves unset (Qwen3: T=0.6, top_k=20, top_p=0.95):
   ``--sampling-defaults openai`` applies none.
 Neither server says in its answer what it applied.
 
-How the proxy learns them (decided; the alternatives guess): the option ``polar_generation_config``
+How the proxy learns them: without the option, by asking the server at first contact which model
+it serves (addon/sampling_discovery.py: vLLM's ``/v1/models`` ``root``, SGLang's ``/model_info``
+``model_path``) and reading that directory's generation_config.json where the proxy can; with it
+(it wins over discovery): the option ``polar_generation_config``
 names the served model's directory or its ``generation_config.json`` (``none``: the server applies
 no model defaults, vLLM ``--generation-config vllm`` / SGLang ``--sampling-defaults openai``), read
 once at configure (an unreadable one is an options error), AND the proxy writes every sampling
@@ -26,8 +29,9 @@ field the request left unset into the request it forwards, with that default. So
 value is the value the server applied whatever the server's own configuration: a server started
 with other defaults (or an override) receives explicit values and uses them. When the option
 names the config the server itself loads, the forwarded request samples exactly as the harness's
-would have; nothing the harness sees changes. Without the option, a field the request leaves unset
-is recorded null (unknown) and the proxy warns once, naming the option: never a guess.
+would have; nothing the harness sees changes. When neither says, a field the request leaves unset
+is recorded null (unknown), the row's ``sampling_source`` says why (``unknown: ...``) and the proxy
+warns once, naming the option: never a guess.
 
 ``sampling_unsupported``: what the four parameters cannot reproduce, from vLLM 0.32's
 SamplingParams / ChatCompletionRequest and SGLang 0.5.23's request fields: penalties not neutral
@@ -82,6 +86,12 @@ class ModelDefaults:
     """The sampling defaults of the served model: what the server applies to unset fields."""
     values: dict[str, float | int]  # DEFAULT_KEYS the config sets
     source: str  # the path read, or "none"
+    # the rows' sampling_source when these defaults fill a field (sampling_fields.SOURCES):
+    # "option: <path>" (polar_generation_config) or "discovered: <how>" (sampling_discovery.py)
+    origin: str = ""
+
+    def with_origin(self, origin: str) -> ModelDefaults:
+        return ModelDefaults(self.values, self.source, origin)
 
     def default(self, key: str) -> float | int:
         return self.values.get(key, NEUTRAL[key])
@@ -191,9 +201,14 @@ def unsupported_reasons(body: dict, applied_penalties: dict[str, Any]) -> list[s
     return out
 
 
-def resolve(body: dict, defaults: ModelDefaults | None) -> Resolved:
+UNKNOWN_DEFAULTS = ("the server's sampling defaults are unknown (polar_generation_config is unset and no "
+                    "discovery ran); set polar_generation_config")
+
+
+def resolve(body: dict, defaults: ModelDefaults | None, unknown_why: str = UNKNOWN_DEFAULTS) -> Resolved:
     """The sampling the server applies to ``body`` (a chat or completions request: after the
-    Responses / Messages translation), given the served model's defaults (None: unknown)."""
+    Responses / Messages translation), given the served model's defaults (None: unknown, because
+    ``unknown_why``, recorded in ``sampling_source``)."""
     fill: dict[str, Any] = {}
     applied: dict[str, Any] = {}
     unknown: list[str] = []
@@ -216,7 +231,14 @@ def resolve(body: dict, defaults: ModelDefaults | None) -> Resolved:
         # apply: the row must not claim the four reproduce the sampling
         reasons.append(UNKNOWN_PENALTIES)
     columns["sampling_unsupported"] = "; ".join(reasons) or None
+    if unknown:
+        columns["sampling_source"] = f"unknown: {unknown_why}"
+    elif any(k in fill for k in PARAMS):
+        columns["sampling_source"] = (defaults.origin if defaults is not None and defaults.origin
+                                      else f"option: {defaults.source}" if defaults is not None else None)
+    else:
+        columns["sampling_source"] = "request"
     return Resolved(columns, fill, tuple(unknown))
 
 
-UNKNOWN_COLUMNS = {**dict.fromkeys(PARAMS), "sampling_unsupported": None}
+UNKNOWN_COLUMNS = {**dict.fromkeys(PARAMS), "sampling_unsupported": None, "sampling_source": None}

@@ -176,6 +176,7 @@ class CapturedCall:
     written: bool = False  # the rows are on disk (a stream's are written at its final event)
     # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
     sampling_defaults: Any = None
+    sampling_unknown_why: str = sampling_rules.UNKNOWN_DEFAULTS  # why sampling_defaults is None (the rows say)
     # the row's sampling columns (sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
     sampling: dict[str, Any] = field(default_factory=lambda: dict(sampling_rules.UNKNOWN_COLUMNS))
     sampling_unknown: tuple[str, ...] = ()  # fields recorded null: unset, and no known default
@@ -191,7 +192,7 @@ _HEAD_KEYS = frozenset((*REQUEST_KEYS, "model", *sampling_rules.REQUEST_KEYS))
 def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, Any]:
     """Record the sampling the server will apply to ``body`` on the call; returns the unset fields
     to write into the forwarded request (applied_sampling.py: so the recorded value is the applied one)."""
-    r = sampling_rules.resolve(dict(body), call.sampling_defaults)
+    r = sampling_rules.resolve(dict(body), call.sampling_defaults, call.sampling_unknown_why)
     call.sampling, call.sampling_unknown = r.columns, r.unknown
     return r.fill
 

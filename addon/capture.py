@@ -295,6 +295,14 @@ class CallCapture:
                 if len(lps) != len(comp):  # never a row whose logprobs do not belong to its ids
                     errors.append(f"{len(lps)} logprobs for {len(comp)} completion ids")
                     lps = None
+            elif comp is not None and self.plan.echo and self.plan.api == "completions":
+                # (server_dialects.plan_echo: the proxy does not ask vLLM for logprobs with echo, which
+                # would make it compute the prompt's too; a row without logprobs cannot train, so it
+                # says so as an error, never as a success)
+                errors.append("no logprobs: completions with echo: the proxy does not ask the server for "
+                              "logprobs on an echo request (vLLM would compute and return the prompt's logprobs "
+                              "as well); send logprobs (e.g. \"logprobs\": 0) with the echo request, or no echo, "
+                              "to record this call for training")
             elif comp is not None:
                 self.notes.append(f"choice {i}: server returned no logprobs")
             out.append(

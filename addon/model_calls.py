@@ -19,13 +19,16 @@ import urllib.request
 from mitmproxy import ctx, exceptions, http
 
 from addon import call as calls
-from addon.applied_sampling import GenerationConfigError, load_generation_config
+from addon.applied_sampling import GenerationConfigError, ModelDefaults, load_generation_config
 from addon.idlists import PromptCache
 from addon.logprobs_probe import PROBE_TIMEOUT, probe_upstream
 from addon.open_logs import MAX_EPISODES, MAX_OPEN, EpisodeFinished, Episodes, TooManyEpisodes
 from addon.proxy_state import CALL, DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, MODEL, MODELS, RouteError, api_of, check_episode_id
+from addon.sampling_discovery import FIX as DISCOVERY_FIX
+from addon.sampling_discovery import RETRY_S as DISCOVERY_RETRY_S
+from addon.sampling_discovery import Discovery, discover
 from addon.server_dialects import DIALECTS, dialect_from_models
 from addon.weight_hold import HoldTimeout
 from polar_contracts.log.table import LogError
@@ -108,6 +111,11 @@ class Capture:
         self._live: dict[int, http.HTTPFlow] = {}
         # sampling defaults of the served model (applied_sampling.py; None: polar_generation_config unset)
         self.sampling_defaults = None
+        # without the option: what each upstream said it serves (sampling_discovery.py), with the time
+        # after which an indefinite answer (the server could not be asked) is asked again; and the
+        # discoveries in flight, shared by the calls that wait for them
+        self._discovered: dict[str, tuple[Discovery, float]] = {}
+        self._discovering: dict[str, asyncio.Future] = {}
         self._warned_unknown_sampling = False
 
     @property
@@ -139,7 +147,9 @@ class Capture:
                           "server applies to fields a request leaves unset. The proxy then writes them into the "
                           "request it forwards and records them on each row (temperature, top_p, top_k, min_p). "
                           "'none': the server applies no model defaults (vLLM --generation-config vllm). Unset: "
-                          "such fields are recorded as unknown (null).")
+                          "the proxy asks each upstream which model it serves (vLLM /v1/models root, SGLang "
+                          "/model_info model_path) and reads that directory's generation_config.json when it can; "
+                          "else such fields are recorded as unknown (null), the row's sampling_source saying why.")
         loader.add_option("polar_logprobs_mode", str, "auto",
                           "What the upstream's logprobs are, recorded on each row: auto (probe each upstream once "
                           "before its first call, again after a weight sync or a failed connection) | processed | "
@@ -181,6 +191,7 @@ class Capture:
             self.state.invalidate_logprobs_mode()
         if "polar_upstream" in updated:
             self.state.invalidate_logprobs_mode()
+            self._discovered.clear()
             self.state.upstream = None
             if o.polar_upstream:
                 u = urllib.parse.urlsplit(o.polar_upstream)
@@ -234,7 +245,7 @@ class Capture:
             c.header_secrets = credential_values(req.headers.fields, path)
             self.state.credentials.learn(c.header_secrets)
             c.known = self.state.credentials.scrubber((r.mac,) if r.mac else ())
-            c.sampling_defaults = self.sampling_defaults
+            c.sampling_defaults, c.sampling_unknown_why = await self._sampling_defaults(flow, dialect)
             ok = self._prepare(flow, c, heads)
             if ok:
                 ok = await self._gate(flow, c)
@@ -316,13 +327,46 @@ class Capture:
         c.weight_hold = uw
         return True
 
-    # -- sampling and logprobs mode (applied_sampling.py, logprobs_probe.py) ---------------------------------
+    # -- sampling and logprobs mode (applied_sampling.py, sampling_discovery.py, logprobs_probe.py) ----------
+    async def _sampling_defaults(self, flow: http.HTTPFlow, dialect: str) -> tuple[ModelDefaults | None, str]:
+        """The served model's sampling defaults and, when unknown, why: the option's, else what the
+        upstream says it serves (asked once per upstream; the calls that arrive meanwhile wait for
+        the answer, so no row is recorded before it: the first rows must not differ from the rest)."""
+        if self.sampling_defaults is not None:
+            return self.sampling_defaults, ""
+        base = self.state.upstream_base(flow)
+        found = self._discovered.get(base)
+        if found is not None and (found[0].definite or time.monotonic() < found[1]):
+            return found[0].defaults, found[0].why
+        task = self._discovering.get(base)
+        if task is None:
+            key = ctx.options.polar_server_api_key
+            auth = f"Bearer {key}" if key else flow.request.headers.get("authorization")
+            headers = {"Authorization": auth} if auth else {}
+            task = self._discovering[base] = asyncio.ensure_future(
+                asyncio.to_thread(discover, base, dialect, None, headers))
+            task.add_done_callback(lambda t, b=base: self._discovered_now(b, t))
+        d = await asyncio.shield(task)
+        return d.defaults, d.why
+
+    def _discovered_now(self, base: str, task: asyncio.Future) -> None:
+        self._discovering.pop(base, None)
+        d = task.result() if not task.cancelled() and task.exception() is None else Discovery(
+            None, f"sampling discovery failed ({task.exception() if not task.cancelled() else 'cancelled'}): "
+                  f"{DISCOVERY_FIX}", definite=False)
+        self._discovered[base] = (d, time.monotonic() + DISCOVERY_RETRY_S)
+        if d.defaults is not None:
+            log.info("polar: sampling defaults of %s: %s (%s)", base, d.defaults.values, d.defaults.origin)
+        else:
+            log.warning("polar: the sampling defaults of %s are unknown: %s. Rows record the fields a request "
+                        "leaves unset as null, with this reason in sampling_source.", base, d.why)
+
     def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:
         if c.sampling_unknown and not self._warned_unknown_sampling:
             self._warned_unknown_sampling = True
-            log.warning("polar: a request leaves %s unset and the server's defaults for them are unknown: rows "
+            log.warning("polar: a request leaves %s unset and the server's defaults for them are unknown (%s): rows "
                         "record them as null (unknown). Set --set polar_generation_config=<model dir> (or 'none').",
-                        ", ".join(c.sampling_unknown))
+                        ", ".join(c.sampling_unknown), c.sampling_unknown_why)
 
     async def _logprobs_mode(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> str | None:
         """The upstream's logprobs mode: probed once per upstream; the calls that arrive while the

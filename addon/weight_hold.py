@@ -33,7 +33,7 @@ from typing import Any
 
 from polar_contracts.log.table import LogError
 from polar_contracts.log.writer import append_line
-from polar_contracts.weight_versions import unknown
+from polar_contracts.weight_versions import proxy_version, unknown
 
 from .server_weights import (
     ATOMIC,
@@ -49,6 +49,9 @@ from .weight_gate import SERVING, GateBusy, Ticket, WeightGate
 log = logging.getLogger("polar")
 SYNC_LOG = "weight-syncs.jsonl"
 DETECT_RETRY_S = 30.0  # an upstream whose version could not be read is asked again after this
+# This proxy process's start, in the versions it names itself (polar_contracts/weight_versions.py
+# proxy_version): UTC time and pid, so two proxies (or one restarted) never share a name.
+PROXY_START = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.{os.getpid()}"
 
 # (method, url, json body or None, headers, timeout) -> (status, body)
 Http = Callable[[str, str, Any, dict, float], Awaitable[tuple[int, bytes]]]
@@ -158,9 +161,15 @@ class UpstreamWeights:
                 self.good_path = await self._model_root()
             log.info("polar: upstream %s is %s, serving weight_version %r", self.base, k, v)
             return
-        log.warning("polar: cannot learn the weight version of %s (polar_server_kind=%s): %s. Rows carry "
-                    "weight_version null and weight syncs through the proxy are refused; for real vLLM start it "
-                    "with VLLM_SERVER_DEV_MODE=1", self.base, kind_option, "; ".join(reasons))
+        self._name_unnamed()
+        log.warning("polar: cannot learn the weight version of %s (polar_server_kind=%s): %s. Rows carry the "
+                    "proxy's own version %r and weight syncs through the proxy are refused; for real vLLM start it "
+                    "with VLLM_SERVER_DEV_MODE=1", self.base, kind_option, "; ".join(reasons), self.gate.version)
+
+    def _name_unnamed(self) -> None:
+        """A server that names no version: the proxy's own name for its weights (weight_versions.py)."""
+        if self.gate.version is None:
+            self.gate.version = proxy_version(PROXY_START, self.gate.syncs)
 
     async def _model_root(self) -> str | None:
         try:
@@ -230,6 +239,7 @@ class UpstreamWeights:
             raise
         finally:
             self.gate.release(after, error is None)
+            self._name_unnamed()
             self._signal()
             t1 = time.time()
             rec.update(outcome="ok" if error is None else "failed", weight_version=after, t_released=t1,
@@ -283,6 +293,7 @@ class UpstreamWeights:
         self._peer = None
         peer["lease"].cancel()
         self.gate.release(after, ok)
+        self._name_unnamed()
         self._signal()
         t1 = time.time()
         rec = {"upstream": self.base, "server_kind": self.kind, "role": "held for a peer's sync",

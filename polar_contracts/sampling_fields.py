@@ -2,8 +2,8 @@
 writes them and the reconstruction that carries them into shards.
 
 Columns: ``temperature``, ``top_p``, ``top_k``, ``min_p`` (the values the server ACTUALLY applied),
-``logprobs_mode`` and ``sampling_unsupported`` (their types: SAMPLING_FIELDS below). Values are normalised so that
-one distribution has one spelling whatever the server:
+``logprobs_mode``, ``sampling_unsupported`` and ``sampling_source`` (their types: SAMPLING_FIELDS
+below). Values are normalised so that one distribution has one spelling whatever the server:
 
 - ``top_k`` disabled is -1 (vLLM accepts 0 or -1, SGLang -1 and uses ``1 << 30`` internally);
 - ``top_p`` disabled is 1.0, ``min_p`` disabled is 0.0;
@@ -40,11 +40,18 @@ SAMPLING_FIELDS: list[pa.Field] = [
     # null when temperature/top_p/top_k/min_p alone reproduce the sampling distribution; else the
     # "; "-joined reasons they do not (penalties, logit_bias, structured output, ...)
     pa.field("sampling_unsupported", pa.string()),
+    # Where the four values come from (log schema v4; SOURCES below): "request" (the request set them
+    # all), "option: <path>" (polar_generation_config gave the defaults the proxy filled in),
+    # "discovered: <how>" (the proxy asked the server which model it serves and read its
+    # generation_config.json), "unknown: <why>" (some are null: the reason, and the fix). Null: a
+    # log or shard older than the column. Several calls that differ: their sources "; "-joined.
+    pa.field("sampling_source", pa.string()),
 ]
 COLUMNS = tuple(f.name for f in SAMPLING_FIELDS)
 PARAMS = COLUMNS[:4]  # the numeric parameters: temperature, top_p, top_k, min_p
 LOGPROBS_MODES = ("processed", "raw", "scaled")
 MIXED = "mixed sampling parameters across calls"
+SOURCES = ("request", "option", "discovered", "unknown")  # sampling_source's kinds (the text before ":")
 GREEDY_EPS = 1e-5  # vLLM _SAMPLING_EPS, SGLang's greedy threshold: below it the server samples greedily
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k" (sampling_params.py TOP_K_ALL)
 
@@ -85,7 +92,21 @@ def combine(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     if mixed and MIXED not in reasons:
         reasons.append(MIXED)
     out["sampling_unsupported"] = "; ".join(reasons) or None
+    sources: list[str] = []
+    for r in rows:
+        v = r.get("sampling_source")
+        if v and v not in sources:
+            sources.append(v)
+    out["sampling_source"] = "; ".join(sources) or None
     return out
+
+
+def source_kind(source: str | None) -> str | None:
+    """The kind of a ``sampling_source`` value (one of SOURCES), None for null or a joined mix."""
+    if not source or "; " in source:
+        return None
+    kind = source.split(":", 1)[0].strip()
+    return kind if kind in SOURCES else None
 
 
 _REQUEST_KEYS = tuple(f'"{k}"' for k in PARAMS)

@@ -12,6 +12,13 @@ version served the call, and must never be read as one:
   a server whose load is not atomic (real vLLM's in-place reload), until the next good sync.
 
 Versions a sync names may not start with either prefix (``check_version``).
+
+One more kind of value names one version, the proxy's own: ``proxy:<start>-<n>`` (``proxy_version``).
+A server that reports no version (stock vLLM without ``VLLM_SERVER_DEV_MODE=1``, whose
+``/weight_info`` is a dev route) gets it from the proxy: ``<start>`` is the proxy process's start
+(UTC time and pid), ``<n>`` the successful syncs through it so far. So every row names a version from
+the first call; the trainer orders it by its sync history like any other, and one it never learned
+(another proxy's, or the trainer never asked) as the oldest, as it did a null.
 """
 from __future__ import annotations
 
@@ -22,6 +29,18 @@ SPAN_PREFIX = "spans:"
 UNKNOWN_PREFIX = "unknown:"
 # What a version named by a sync may be: printable, no whitespace, bounded, not a marker.
 VERSION_RE = re.compile(r"^[A-Za-z0-9._:+-]{1,128}$")
+
+
+PROXY_PREFIX = "proxy:"
+
+
+def proxy_version(start: str, syncs: int) -> str:
+    """The proxy's name for the weights a server serves when the server names none (module doc)."""
+    return f"{PROXY_PREFIX}{start}-{syncs}"
+
+
+def is_proxy_version(v: str | None) -> bool:
+    return v is not None and v.startswith(PROXY_PREFIX)
 
 
 def spanning(old: str | None, new: str | None) -> str:

@@ -55,6 +55,7 @@ class Sequence:
     min_p: float | None = None
     logprobs_mode: str | None = None
     sampling_unsupported: str | None = None
+    sampling_source: str | None = None
     # context fidelity (shards.py documents the columns)
     realign_tokens: int | None = 0  # None: not checked (retokenize rebuilds the text)
     realign_classes: list[str] = field(default_factory=list)

@@ -392,12 +392,21 @@ async def _generate_stream(server, req: GenerationRequest, queue, lp: bool, with
 
 
 async def model_info(server, request):
-    """GET /model_info and the deprecated GET /get_model_info (entrypoints/http_server.py:802-848):
-    the fields polar-serve can fill; ``weight_version`` is SGLang's ``--weight-version`` ("default")
-    until a weight update names another (arg_groups/fields/serving.py:172-175)."""
+    """GET /model_info and the deprecated GET /get_model_info (entrypoints/http_server.py:802-850),
+    field for field: ``model_path`` is the directory the weights were loaded from (a proxy reads the
+    model's generation_config.json there: the sampling defaults SGLang applies, its default
+    ``--sampling-defaults model``); ``weight_version`` is SGLang's ``--weight-version`` ("default")
+    until a weight update names another (arg_groups/fields/serving.py:172-175);
+    ``preferred_sampling_params`` is ``--preferred-sampling-params`` (unset: null); the parsers
+    polar-serve runs are SGLang's names for them; single-node, text only."""
     path = str(server.model.model_dir)
-    return web.json_response({"model_path": path, "tokenizer_path": path, "is_generation": True,
-                              "weight_version": server.weight_version})
+    cfg = getattr(getattr(server.model, "hf", None), "config", None)
+    return web.json_response({
+        "model_path": path, "served_model_name": server.served_name, "tokenizer_path": path,
+        "is_generation": True, "preferred_sampling_params": None, "weight_version": server.weight_version,
+        "load_format": "auto", "reasoning_parser": "qwen3", "tool_call_parser": "qwen25",
+        "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False,
+        "model_type": getattr(cfg, "model_type", None), "architectures": getattr(cfg, "architectures", None)})
 
 
 async def update_weights_from_disk(server, request):

@@ -61,17 +61,20 @@ def real_vllm(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stock_vllm(tiny_model, tmp_path_factory):
-    """A second real vLLM, in vLLM's default logprobs mode (raw_logprobs: the model's own
-    log-softmax, before the ForcedReply processor, temperature and truncation), plugin loaded; for
-    the modules that need a stock server (tests/vllm/test_harness_vllm.py: forced replies keep the
-    model's own logprobs only in raw mode; the logprobs-mode probe). Module-scoped: started by
-    the first test of a module that asks for it, stopped by pid after its last."""
+    """A second real vLLM, started the usual way: vLLM's default logprobs mode (raw_logprobs: the
+    model's own log-softmax, before the ForcedReply processor, temperature and truncation), its
+    default ``--generation-config auto`` (the tiny Qwen3's generation_config.json: T=0.6, top_k=20,
+    top_p=0.95 for fields a request leaves unset), and no VLLM_SERVER_DEV_MODE (so no /weight_info:
+    it names no weight version); plugin loaded (a no-op for requests without its field). For the
+    modules that need a stock server (tests/vllm/test_harness_vllm.py: forced replies keep the
+    model's own logprobs only in raw mode; the logprobs-mode probe; tests/vllm/test_stock_vllm.py).
+    Module-scoped: started by the first test of a module that asks for it, stopped by pid after its last."""
     python = vllm_python()
     if not python.exists():
         pytest.skip(f"the real vLLM is not installed at {python}: run `make vllm`")
     log = tmp_path_factory.mktemp("vllm-stock") / "vllm.log"
     with vllm(tiny_model, model_name=VLLM_MODEL_NAME, extra_args=[*VLLM_EXTRA_ARGS, "--logprobs-mode", "raw_logprobs"],
-              env=VLLM_ENV, log=log) as p:
+              env=vllm_plugin_env(), log=log) as p:
         yield p
 
 

@@ -120,7 +120,9 @@ def row_transform(row: dict, served_default_temperature: float, where: str = "ro
         return Transform(t), ""
     missing = [c for c in ("top_k", "top_p", "min_p") if row.get(c) is None]
     if missing:
-        return None, f"unknown {'/'.join(missing)} (null: the proxy could not tell what the server applied)"
+        source = row.get("sampling_source")
+        why = f": {source}" if source else " (the proxy could not tell what the server applied)"
+        return None, f"unknown {'/'.join(missing)}: null{why}"
     k = int(row["top_k"])
     return Transform(t, k if k > 0 else -1, float(row["top_p"]), float(row["min_p"])), ""
 

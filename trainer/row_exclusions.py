@@ -47,13 +47,24 @@ FIXES = {
     "sampling_unsupported": "drop the penalties / logit_bias / structured output from the harness's requests "
                             "(and the server's defaults), or train without the correction "
                             "(--vllm_importance_sampling_correction false)",
-    "unknown_truncation": "let the proxy record top_k/top_p/min_p (polar_generation_config) or send them "
-                          "explicitly",
+    "unknown_truncation": "the proxy could not learn the server's sampling defaults (the row's sampling_source "
+                          "says why): start the proxy with --set polar_generation_config=<the served model's "
+                          "directory or its generation_config.json> (or have the harness send temperature, "
+                          "top_p, top_k and min_p)",
     "realign_share": "build the shards with `polar-recon build --strategy per-call` (every row's context is "
                      "what the server saw) or raise --max_realign_share",
     "nonfinite_logprob": "check the server's reported logprobs and the trainer's numerics (non-finite pi_old "
                          "or behaviour logprobs)",
 }
+
+
+def explain_excluded(rows: Counter, details: dict[str, str]) -> str:
+    """Each reason rows were excluded for, with its last detail and its fix (for a stop message)."""
+    parts = []
+    for reason, n in rows.most_common():
+        fix = FIXES.get(reason)
+        parts.append(f"{reason}: {n} rows ({details.get(reason, '')})" + (f". Fix: {fix}" if fix else ""))
+    return "; ".join(parts)
 
 
 class ExcludedShareError(RuntimeError):

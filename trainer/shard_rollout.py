@@ -27,7 +27,7 @@ import torch
 
 from polar_contracts.shards import TERMINATIONS, TRUNCATED
 from trainer.behaviour_logprobs import Transform
-from trainer.row_exclusions import ExclusionLedger, resolve_row, trainable_tokens
+from trainer.row_exclusions import ExclusionLedger, explain_excluded, resolve_row, trainable_tokens
 from trainer.shard_source import Group, NoShardsError, ShardSource
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,10 @@ class ShardRollout:
         self._partial = None
         while len(rows) < n:
             if block:
-                group = self.source.next_group(self.wait_timeout if timeout is None else timeout)
+                try:
+                    group = self.source.next_group(self.wait_timeout if timeout is None else timeout)
+                except NoShardsError as exc:
+                    raise self.explain(exc) from None
             else:
                 group = self.source.try_next()
                 if group is None:
@@ -266,11 +269,25 @@ class ShardRollout:
                 return rows
             if bool(flags[:, 1].any()):
                 short = [r for r in range(flags.size(0)) if flags[r, 1]]
-                raise NoShardsError(
+                raise self.explain(NoShardsError(
                     f"rank(s) {short} of {flags.size(0)} got no group of their partition in "
                     f"{self.wait_timeout}s (this rank {self.source.rank}: {len(rows)}/{n} rows, cursor "
-                    f"{self.source.cursor}); every rank stops here")
+                    f"{self.source.cursor}); every rank stops here"))
             time.sleep(self.source.poll_interval)
+
+    def explain(self, exc: NoShardsError) -> NoShardsError:
+        """The wait's error, with why the groups read so far did not train (excluded episodes by
+        reason, with each reason's fix; skipped groups): "no complete group" alone says nothing
+        when every group was read and excluded, e.g. rows whose sampling the proxy could not learn."""
+        ex, skipped = self.stats.rows_excluded, self.stats.skipped
+        if not ex and not skipped:
+            return exc
+        text = f"{exc}. Groups were read but did not train"
+        if skipped:
+            text += f": groups skipped {dict(skipped)} (fewer than 2 episodes left, or not of the group size)"
+        if ex:
+            text += ". Rows excluded (their episodes with them): " + explain_excluded(ex, self.ledger.details)
+        return NoShardsError(text)
 
     def _resolve(self, row: dict, where: str):
         return resolve_row(row, trainer_temperature=self.temperature,

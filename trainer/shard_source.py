@@ -69,7 +69,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from polar_contracts.shards import OPTIONAL_COLUMNS, TRAINING_COLUMNS, shard_seq
-from polar_contracts.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX
+from polar_contracts.weight_versions import SPAN_PREFIX, UNKNOWN_PREFIX, is_proxy_version
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,10 @@ class VersionOrder:
         cur = self.current
         if cur is None:
             return None, "unknown_version"
-        if version is None:  # the oldest: behind every synced version and every counter from 0
+        if version is None or (is_proxy_version(version) and version not in self._position):
+            # the oldest: behind every synced version and every counter from 0. A proxy's own name
+            # (its server names none) that the history never learned is the same case: the weights
+            # before any sync this trainer knows of
             return max(len(self.history) - 1, parse_version(cur) or 0), ""
         if version in self._position and cur in self._position:
             return len(self.history) - 1 - self._position[version], ""

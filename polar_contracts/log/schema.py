@@ -25,6 +25,7 @@ So a growing episode costs about its new tokens.
 Schema v3 added the sampling columns (``sampling_fields.COLUMNS``: what the server applied and what its
 logprobs are; rules in polar_contracts/sampling_fields.py). A v2 log (or a v2 stream followed by a v3 one, after a proxy
 upgrade and restart) reads with those columns null: unknown, which is what they are.
+Schema v4 added ``sampling_source`` (where the sampling values come from); a v3 stream reads with it null.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import pyarrow as pa
 from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
 from polar_contracts.sampling_fields import SAMPLING_FIELDS
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 KIND_CALL = "call"
 KIND_END = "end"
@@ -89,6 +90,9 @@ COLUMNS = [f.name for f in FIELDS]
 # The sampling columns were added in schema v3. Older logs (v2: every other column) stay readable:
 # log/table.py reads their batches with these columns null (unknown), which is what they are.
 V2_COLUMNS = [c for c in COLUMNS if c not in SAMPLING_COLUMNS]
+V3_COLUMNS = [c for c in COLUMNS if c != "sampling_source"]
+# Older streams a reader accepts (log/table.py upgrade_batch: the columns they lack read null).
+OLDER_COLUMNS = (V2_COLUMNS, V3_COLUMNS)
 
 # The on-disk columns read_log replaces with `request`, `response` and full `prompt_ids`.
 READ_DROP = ("prompt_base_row", "prompt_base_len", "prompt_tail_zstd", "request_zstd", "request_prefix_len",

@@ -17,7 +17,7 @@ import pyarrow as pa
 import zstandard
 
 from polar_contracts.log.ipcrow import EOS
-from polar_contracts.log.schema import COLUMNS, SCHEMA, V2_COLUMNS
+from polar_contracts.log.schema import COLUMNS, OLDER_COLUMNS, SCHEMA
 
 
 class LogError(Exception):
@@ -46,7 +46,7 @@ def read_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], int, bo
                 raise LogError(f"{path}: not an Arrow IPC stream ({exc})") from exc
             torn = True
             break
-        upgrade = reader.schema.names == V2_COLUMNS  # a v2 stream (older proxy): new columns null
+        upgrade = reader.schema.names in OLDER_COLUMNS  # a v2/v3 stream (older proxy): new columns null
         if not upgrade and reader.schema.names != COLUMNS:
             raise LogError(f"{path}: unexpected columns {reader.schema.names}")
         good_end = pos + reader_src.tell()  # after the schema message
@@ -71,7 +71,7 @@ def read_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], int, bo
 
 
 def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A batch of an older schema (v2) in the current SCHEMA: the columns it lacks are null."""
+    """A batch of an older schema (v2, v3) in the current SCHEMA: the columns it lacks are null."""
     n = batch.num_rows
     names = batch.schema.names
     return pa.RecordBatch.from_arrays(

@@ -14,6 +14,7 @@ import uuid
 import httpx
 import pytest
 
+from polar_contracts.weight_versions import is_proxy_version
 from polar_recon import read_episode, read_log
 
 from .procs import fake_backend, mitmdump
@@ -78,8 +79,12 @@ def test_matrix_bytes_and_ids(stack, api, stream):
     prompt, comp = server_ids(be, api, body, dialect)
     assert row["prompt_ids"] == prompt and row["completion_ids"] == comp
     assert len(row["completion_logprobs"]) == len(comp)
-    # SGLang non-stream chat: meta_info (asked for by the proxy) names the weights; no header here
-    assert row["weight_version"] == ("fake-v1" if (dialect, api, stream) == ("sglang", "chat", False) else None)
+    # SGLang non-stream chat: meta_info (asked for by the proxy) names the weights; no header here.
+    # Otherwise the fake backend names none (no version route): the proxy's own name, never null
+    if (dialect, api, stream) == ("sglang", "chat", False):
+        assert row["weight_version"] == "fake-v1"
+    else:
+        assert is_proxy_version(row["weight_version"]) and row["weight_version"].endswith("-0"), row["weight_version"]
     assert row["request"] == json.dumps(body)
     resp = json.loads(row["response"])
     text = resp["choices"][0]["message"]["content"] if api == "chat" else resp["choices"][0]["text"]

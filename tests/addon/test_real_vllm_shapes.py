@@ -92,11 +92,9 @@ def test_vllm_echo_stream_restores_the_echoed_text_and_keeps_the_prompt_ids():
     cap, f, out = run_stream(plan, _events(ECHO_FLAGGED, _no_logprobs))
     assert out == ECHO_DIRECT
     rows = cap.rows()
-    assert [r["missing"] for r in rows] == [None, None]
-    assert [r["prompt_ids"].tolist() for r in rows] == [[13048], [64725]]
-    assert [r["completion_ids"].tolist() for r in rows] == [[55038, 55038], [130200, 86828]]
-    assert [r["completion_logprobs"] for r in rows] == [None, None]
-    assert cap.notes == ["choice 0: server returned no logprobs", "choice 1: server returned no logprobs"]
+    # no logprobs, so no training row: the rows say so (an error), never a success without logprobs
+    assert all(r["missing"].startswith("no logprobs: completions with echo") for r in rows)
+    assert [r["completion_ids"] for r in rows] == [None, None]
     texts = [c["text"] for c in json.loads(f.response_text())["choices"]]
     assert texts == ["Hi Sunny Sunny", "Yoหลังจาก(geometry"]
 
@@ -145,9 +143,8 @@ def test_vllm_echo_whole_answer_through_the_call():
     out = calls.finish_body(c, 200, json.dumps(flagged, separators=(",", ":")).encode())
     assert out == WHOLE_DIRECT  # the echoed text back
     (row,) = calls.rows(c, 1.0)
-    assert row["error"] is None, row["error"]
-    assert row["prompt_ids"].tolist() == [13048] and row["completion_ids"].tolist() == [55038, 55038]
-    assert row["completion_logprobs"] is None and "server returned no logprobs" in row["notes"][0]
+    assert row["error"].startswith("no logprobs: completions with echo") and "logprobs" in row["error"]
+    assert row["completion_ids"] is None and row["completion_logprobs"] is None
 
 
 def test_vllm_echo_with_the_harness_own_flags():

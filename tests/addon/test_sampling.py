@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from addon import call as calls
 from addon.applied_sampling import (
     NEUTRAL,
+    UNKNOWN_DEFAULTS,
     UNKNOWN_PENALTIES,
     GenerationConfigError,
     ModelDefaults,
@@ -27,7 +28,8 @@ QWEN3 = ModelDefaults({"temperature": 0.6, "top_k": 20, "top_p": 0.95}, "qwen3")
 
 def test_unset_fields_take_the_models_defaults_and_are_filled_in():
     r = resolve({"messages": []}, QWEN3)
-    assert r.columns == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "sampling_unsupported": None}
+    assert r.columns == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "sampling_unsupported": None,
+                         "sampling_source": "option: qwen3"}
     assert r.fill == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0,
                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert not r.unknown
@@ -35,18 +37,28 @@ def test_unset_fields_take_the_models_defaults_and_are_filled_in():
     r = resolve({"temperature": 1.0, "top_k": 0, "top_p": None}, QWEN3)
     assert r.columns["temperature"] == 1.0 and r.columns["top_k"] == -1 and r.columns["top_p"] == 0.95
     assert "temperature" not in r.fill and "top_k" not in r.fill and r.fill["top_p"] == 0.95
+    assert r.columns["sampling_source"] == "option: qwen3"  # (one of the four came from the defaults)
+    # discovered defaults say so; a request that sets all four is its own source
+    found = QWEN3.with_origin("discovered: vllm GET /v1/models root -> /m/generation_config.json")
+    assert resolve({}, found).columns["sampling_source"] == found.origin
+    r = resolve({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0}, found)
+    assert r.columns["sampling_source"] == "request"
 
 
 def test_none_means_the_servers_neutral_defaults():
     r = resolve({}, load_generation_config("none"))
-    assert r.columns == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "sampling_unsupported": None}
+    assert r.columns == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "sampling_unsupported": None,
+                         "sampling_source": "option: none"}
     assert r.fill == NEUTRAL
 
 
 def test_without_the_option_unset_fields_are_unknown_never_guessed():
     r = resolve({"messages": []}, None)
     assert r.columns == {"temperature": None, "top_p": None, "top_k": None, "min_p": None,
-                         "sampling_unsupported": None}
+                         "sampling_unsupported": None, "sampling_source": f"unknown: {UNKNOWN_DEFAULTS}"}
+    # the reason discovery gave is the row's
+    r = resolve({"messages": []}, None, "the server serves 'Qwen/Qwen3-8B' (...): set polar_generation_config")
+    assert r.columns["sampling_source"].startswith("unknown: the server serves 'Qwen/Qwen3-8B'")
     assert r.fill == {} and set(r.unknown) == {"temperature", "top_p", "top_k", "min_p"}
     # all four known but the penalties not: a model default penalty may apply
     r = resolve({"temperature": 0.7, "top_p": 1, "top_k": -1, "min_p": 0}, None)
@@ -197,7 +209,9 @@ def test_rows_carry_the_sampling_columns_and_the_mode():
 
 def test_combine_nulls_what_differs():
     a = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "logprobs_mode": "processed"}
-    assert combine([a, dict(a)]) == {**a, "sampling_unsupported": None}
+    assert combine([a, dict(a)]) == {**a, "sampling_unsupported": None, "sampling_source": None}
+    src = dict(a, sampling_source="request")
+    assert combine([src, dict(src, sampling_source="option: /m")])["sampling_source"] == "request; option: /m"
     got = combine([a, dict(a, top_k=None, sampling_unsupported="logit_bias")])
     assert got["top_k"] is None and got["temperature"] == 0.6
     assert got["sampling_unsupported"] == "logit_bias; mixed sampling parameters across calls"
@@ -316,3 +330,60 @@ def test_the_probe_sends_the_servers_key_and_falls_back_to_the_served_model():
         assert [m for k, m, _ in seen if k] == ["claude-x", "served", "served"]
     finally:
         srv.shutdown()
+
+
+# -- sampling discovery (addon/sampling_discovery.py) -----------------------------------------------
+
+def test_discovery_reads_the_model_path_each_server_names(tmp_path):
+    from addon.sampling_discovery import defaults_at, model_path_of
+
+    cards = {"data": [{"id": "lora-a", "root": "/adapters/a"}, {"id": "m", "root": "/models/m"}]}
+    assert model_path_of("vllm", "/v1/models", cards, "m") == "/models/m"
+    assert model_path_of("vllm", "/v1/models", cards, None) == "/adapters/a"  # (the first card)
+    assert model_path_of("vllm", "/v1/models", {"data": [{"id": "m"}]}, None) is None
+    assert model_path_of("sglang", "/model_info", {"model_path": "/models/m", "weight_version": "default"}, None) \
+        == "/models/m"
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "do_sample": True}))
+    d = defaults_at(str(model), "vllm GET /v1/models root")
+    assert d.defaults.values == {"temperature": 0.6, "top_k": 20}
+    assert d.defaults.origin == f"discovered: vllm GET /v1/models root -> {model / 'generation_config.json'}"
+    gone = defaults_at("Qwen/Qwen3-8B", "vllm GET /v1/models root")
+    assert gone.defaults is None and gone.definite and "not a directory on the proxy's machine" in gone.why
+    assert "polar_generation_config" in gone.why
+    bad = defaults_at(str(tmp_path), "sglang GET /model_info model_path")  # a directory, not a model's
+    assert bad.defaults is None and "not a model directory" in bad.why
+
+
+def test_discovery_asks_sglangs_older_route_and_retries_an_unreachable_server(tmp_path):
+    import http.server
+    import threading
+
+    from addon.sampling_discovery import discover
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+
+    class Old(http.server.BaseHTTPRequestHandler):  # SGLang before /model_info
+        def do_GET(self):
+            body = json.dumps({"model_path": str(model)}).encode() if self.path == "/get_model_info" else b"{}"
+            self.send_response(200 if self.path == "/get_model_info" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        d = discover(f"http://127.0.0.1:{srv.server_port}", "sglang", None)
+    finally:
+        srv.shutdown()
+    assert d.defaults.values == {"temperature": 0.7} and "sglang GET /get_model_info model_path" in d.defaults.origin
+    down = discover(f"http://127.0.0.1:{srv.server_port}", "vllm", None, timeout=2)
+    assert down.defaults is None and not down.definite and "could not be asked" in down.why

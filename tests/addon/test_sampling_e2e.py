@@ -4,7 +4,8 @@ SGLang's scaled ones), the tiny Qwen3 (generation_config.json: T=0.6, top_k=20, 
 
 The recorded values must be the ones the server applied: a request without sampling fields,
 proxied with ``polar_generation_config``, gives the same tokens and logprobs as the same request
-sent directly with those values spelled out (same seed), and different ones from other values."""
+sent directly with those values spelled out (same seed), and different ones from other values.
+Without the option the proxy learns the same values from the server (addon/sampling_discovery.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ from tests.support.servers import tiny_model_dir
 from .procs import mitmdump
 
 QWEN3 = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
-COLS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")
+COLS = ("temperature", "top_p", "top_k", "min_p", "logprobs_mode", "sampling_unsupported")  # (and sampling_source)
 MODE = {"vllm": "processed", "sglang": "scaled"}
 
 
@@ -92,15 +93,42 @@ def test_the_filled_in_defaults_are_what_the_server_applies(server, tmp_path):
     assert r["completion_logprobs"] != pytest.approx(lps(server_default), abs=1e-3)
 
 
-def test_without_the_option_unset_fields_are_unknown(server, tmp_path):
+def test_without_the_option_the_server_says_what_it_applies(server, tmp_path):
+    """No option: the proxy asks the server which model it serves (vLLM /v1/models root, SGLang
+    /model_info model_path), reads that directory's generation_config.json, and records (and fills
+    in) the server's defaults, saying where they come from; the server sampled exactly that."""
     with proxy(tmp_path, server) as px:
-        post(px.url, body(temperature=0.8, presence_penalty=0.5), "ep")
-        r = row(px, "ep")
-        out = px.output()
+        got = post(px.url, body(), "ep")
+        post(px.url, body(temperature=0.8, top_p=0.5, top_k=5, min_p=0.1), "own")
+        r, own = row(px, "ep"), row(px, "own")
+    assert {k: r[k] for k in COLS} == {**QWEN3, "logprobs_mode": MODE[server.dialect], "sampling_unsupported": None}
+    how = "vllm GET /v1/models root" if server.dialect == "vllm" else "sglang GET /model_info model_path"
+    assert r["sampling_source"] == f"discovered: {how} -> {tiny_model_dir() / 'generation_config.json'}"
+    direct = post(server.base_url, body(**QWEN3))
+    assert got["choices"][0]["message"] == direct["choices"][0]["message"]
+    assert r["completion_logprobs"] == pytest.approx(lps(direct), abs=1e-4)
+    assert own["sampling_source"] == "request" and own["temperature"] == 0.8 and own["top_k"] == 5
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_a_model_path_the_proxy_cannot_read_is_recorded_null_with_the_reason(dialect, tmp_path):
+    """The server names a model path that is not a directory on the proxy's machine (here: the link
+    it loaded from is gone, as for a model on another machine): the unset fields are null, and the
+    row's sampling_source says why and names the option; what the request set is still recorded."""
+    link = tmp_path / "model-elsewhere"
+    link.symlink_to(tiny_model_dir(), target_is_directory=True)
+    with serve(link, dialect=dialect) as srv:
+        link.unlink()
+        srv.dialect = dialect
+        with proxy(tmp_path, srv) as px:
+            post(px.url, body(temperature=0.8, presence_penalty=0.5), "ep")
+            r = row(px, "ep")
+            out = px.output()
     assert {k: r[k] for k in COLS} == {"temperature": 0.8, "top_p": None, "top_k": None, "min_p": None,
-                                       "logprobs_mode": MODE[server.dialect],
-                                       "sampling_unsupported": "presence_penalty=0.5"}
-    assert "polar_generation_config" in out  # the one-time warning names the option
+                                       "logprobs_mode": MODE[dialect], "sampling_unsupported": "presence_penalty=0.5"}
+    assert r["sampling_source"].startswith(f"unknown: the server serves {str(link)!r}"), r["sampling_source"]
+    assert "not a directory on the proxy's machine" in r["sampling_source"]
+    assert "polar_generation_config" in r["sampling_source"] and "polar_generation_config" in out
 
 
 def test_the_probe_tells_each_servers_mode(server):

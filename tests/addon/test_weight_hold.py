@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from addon.weight_hold import UpstreamWeights
-from polar_contracts.weight_versions import UNKNOWN_PREFIX
+from addon.weight_hold import PROXY_START, UpstreamWeights
+from polar_contracts.weight_versions import UNKNOWN_PREFIX, is_proxy_version, proxy_version
 
 
 class Server:
@@ -116,3 +116,29 @@ def test_unknown_server_refuses_syncs():
 
     status, ans = run(go())
     assert status == 503 and "polar_server_kind" in ans["error"] and "VLLM_SERVER_DEV_MODE=1" in ans["error"]
+
+
+def test_a_server_that_names_no_version_gets_the_proxys_own():
+    """Stock vLLM (no VLLM_SERVER_DEV_MODE): no version route answers. Rows still name a version
+    from the first call: the proxy's own (weight_versions.proxy_version), never null; a later
+    detection that succeeds (the server came up) takes the server's word; a peer's release that
+    names no version keeps a name."""
+    srv = Server({("GET", "/v1/models"): (200, {"data": [{"id": "m", "root": "/m", "owned_by": "vllm"}]})})
+
+    async def go():
+        uw = UpstreamWeights("http://s:1", None, None, http=srv)
+        await uw.detect("auto")
+        first = (uw.kind, uw.gate.version, uw.gate.admit().version)
+        await uw.hold_for_peer("step-1", 0.1, 60.0)
+        uw.release_peer("step-1", None, False, "a peer's sync named nothing")
+        released = uw.gate.version
+        srv.table[("GET", "/weight_info")] = (200, {"weight_version": "default"})
+        uw.detect_retry_at = 0.0
+        await uw.detect("auto")
+        return first, released, uw.gate.version
+
+    (kind, version, ticket), released, later = run(go())
+    assert kind is None and version == ticket and is_proxy_version(version)
+    assert version == proxy_version(PROXY_START, 0) and version.endswith("-0")
+    assert released == version  # (no successful sync: the count is still 0)
+    assert later == "default"

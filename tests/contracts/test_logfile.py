@@ -188,3 +188,35 @@ def test_sampling_columns_roundtrip_and_v2_logs_read_them_as_null(tmp_path):
     (tmp_path / "oldend.arrow").write_bytes(_as_v2_stream(read_table(v2)[0].slice(0, 1))
                                             + _as_v2_stream(read_table(v2)[0].slice(2, 1)))
     assert read_head(tmp_path / "oldend.arrow").finished  # the end record is read from a v2 stream too
+
+
+def test_v3_logs_read_sampling_source_as_null_and_v4_rows_carry_it(tmp_path):
+    """Schema v4 added sampling_source; a v3 stream (an older proxy) reads with it null, every other
+    column intact, and a v4 writer appends to it after a restart."""
+    import pyarrow as pa
+
+    from polar_contracts.log.arrays import read_calls
+    from polar_contracts.log.table import read_table
+
+    p = tmp_path / "ep.arrow"
+    w = EpisodeWriter(p, "ep")
+    src = "discovered: vllm GET /v1/models root -> /m/generation_config.json"
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-1.0],
+                  api="chat", request="{}", temperature=0.6, top_k=20, sampling_source=src)
+    w.close()
+    assert read_log(p)["sampling_source"].to_list() == [src] and read_calls(p).calls[0].info["sampling_source"] == src
+    table, _ = read_table(p)
+    old = table.drop_columns(["sampling_source"]).replace_schema_metadata({b"polar.log.schema_version": b"3"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old.schema) as s:
+        for b in old.to_batches(max_chunksize=1):
+            s.write_batch(b)
+    v3 = tmp_path / "v3.arrow"
+    v3.write_bytes(sink.getvalue().to_pybytes())
+    df = read_log(v3)
+    assert df["sampling_source"].to_list() == [None] and df["temperature"].to_list() == [0.6]
+    w = EpisodeWriter(v3, "ep")
+    w.append_call(call_index=w.next_call_index(), prompt_ids=[1, 2], completion_ids=[3], completion_logprobs=[-1.0],
+                  api="chat", request="{}", sampling_source="request")
+    w.close()
+    assert read_log(v3)["sampling_source"].to_list() == [None, "request"]

@@ -31,6 +31,13 @@ def greedy(h) -> tuple[dict, dict]:
 def test_update_weights_from_disk(sgl):
     info = httpx.get(sgl.base_url + "/model_info").json()
     assert info["weight_version"] == "default" and info["model_path"] == str(sgl.orig)
+    # SGLang 0.5.23's fields (entrypoints/http_server.py model_info, a text model: no "embedding");
+    # model_path is where a proxy reads the served model's sampling defaults (addon/sampling_discovery.py)
+    assert list(info) == ["model_path", "served_model_name", "tokenizer_path", "is_generation",
+                          "preferred_sampling_params", "weight_version", "load_format", "reasoning_parser",
+                          "tool_call_parser", "disaggregation_mode", "has_image_understanding",
+                          "has_audio_understanding", "model_type", "architectures"]
+    assert info["preferred_sampling_params"] is None and info["model_type"] == "qwen3"
     assert httpx.get(sgl.base_url + "/get_model_info").json() == info  # the deprecated alias
     ch0, a0 = greedy(sgl)
     assert ch0["meta_info"]["weight_version"] == "default" and a0["metadata"] == {"weight_version": "default"}

@@ -55,3 +55,22 @@ def test_another_rank_failing_stops_this_one(tmp_path):
     r, tr = rollout(tmp_path, [[0, 0, 1]])
     with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] failed"):
         r([None] * 4, tr)
+
+
+def test_a_stream_whose_every_group_is_excluded_says_why_and_how_to_fix_it(tmp_path):
+    """Stock server, proxy without the option and no discovery possible: every row's truncation is
+    null. The groups are read, excluded and skipped; the wait's error then names the reason, the
+    row's own sampling_source, and the fix (polar_generation_config), not just "no complete group"."""
+    why = ("unknown: the server serves 'Qwen/Qwen3-8B' (vllm GET /v1/models root), which is not a directory on "
+           "the proxy's machine: set polar_generation_config to the served model's directory")
+    rows = [row(synthetic_seq(P, [300 + g * 10 + e, 151645]), f"g{g}-e{e}", f"g{g}", float(e), temperature=None,
+                top_p=None, top_k=None, min_p=None, logprobs_mode="processed", sampling_source=why)
+            for g in range(2) for e in range(2)]
+    write_shard(tmp_path, 1, rows)
+    r = ShardRollout(ShardSource(str(tmp_path), poll_interval=0.01), 2, wait_timeout=0.05, temperature=0.6,
+                     served_default_temperature=0.6, is_correction=True)
+    with pytest.raises(NoShardsError) as e:
+        r([None] * 4, None)
+    msg = str(e.value)
+    assert msg.startswith("no complete group in") and "unknown_truncation: 4 rows" in msg, msg
+    assert why in msg and "--set polar_generation_config=" in msg and "'too_few_episodes': 2" in msg

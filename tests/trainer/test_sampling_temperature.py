@@ -58,14 +58,20 @@ def pi_shards(tmp_path_factory, tiny_dir):
     work = tmp_path_factory.mktemp("pi")
     script = work / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    with serve(tiny_dir, script=script) as srv, capture_proxy(srv.url, work / "logs") as proxy:
+    # The server loads the model through a link that is gone by the first call, as a model on another
+    # machine: the proxy cannot read its generation_config.json (addon/sampling_discovery.py)
+    link = work / "model-elsewhere"
+    link.symlink_to(tiny_dir, target_is_directory=True)
+    with serve(link, script=script) as srv, capture_proxy(srv.url, work / "logs") as proxy:
+        link.unlink()
         for e in range(2):
             pi_call(proxy.url, capability(proxy.secret, f"g0-e{e}"), f"Task {e}: create hello.txt containing hi.")
             end(proxy.url, f"g0-e{e}", float(e), "g0", proxy.secret)
     rep = build(work / "logs", work / "shards", Options(group_size=2))
     assert sorted(rep.built) == ["g0-e0", "g0-e1"] and not rep.errors, rep
-    # The proxy ran without polar_generation_config and could not probe the scripted server: the rows
-    # say temperature null (the server's default applied) and logprobs_mode null (unknown), as shards
+    # The proxy ran without polar_generation_config, could not read the served model's defaults and
+    # could not probe the scripted server: the rows say temperature null (the server's default
+    # applied, sampling_source saying why it is unknown) and logprobs_mode null (unknown), as shards
     # of older builds do. With the IS correction on the trainer refuses an unknown mode (tested below),
     # so the temperature tests read a copy that names what the scripted server's logprobs are (its
     # forced tokens' log-softmax at the temperature, before any truncation: checked token by token in
@@ -73,6 +79,7 @@ def pi_shards(tmp_path_factory, tiny_dir):
     (src,) = (work / "shards").glob("shard-*.parquet")
     rows = pq.read_table(src).to_pylist()
     assert {r["logprobs_mode"] for r in rows} == {None}, rows
+    assert all(r["sampling_source"].startswith("unknown: the server serves") for r in rows), rows[0]
     write_shard(work / "scaled", 1, [dict(r, logprobs_mode="scaled") for r in rows])
     return work
 

@@ -2,7 +2,7 @@
 "default", the trainer's step names), and the rows that name no single version (spans / unknown)."""
 from __future__ import annotations
 
-from polar_contracts.weight_versions import spanning, unknown
+from polar_contracts.weight_versions import proxy_version, spanning, unknown
 from tests.trainer.shardkit import row, synthetic_seq, write_shard
 from trainer.shard_source import ShardSource, VersionOrder
 
@@ -89,3 +89,16 @@ def test_no_order_no_bound(tmp_path):
     write_shard(tmp_path, 1, group("a", ["default", None]) + group("b", [None, None]))
     src = ShardSource(str(tmp_path), max_policy_lag=4)
     assert src.versions.empty and drain(src) == ["a", "b"] and not src.stats.dropped
+
+
+def test_proxy_named_versions():
+    """A server that names no version: rows carry the proxy's own (proxy:<start>-<n>). Learned from
+    the proxy (GET /polar/@weights at train start) it is ordered like any version; one the history
+    never learned (another proxy's) is the oldest, as a null was: never unknown, never fresh."""
+    mine, other = proxy_version("20261203T101500Z.7", 0), proxy_version("20261203T101501Z.8", 0)
+    o = VersionOrder()
+    o.learn(mine)
+    assert o.lag(mine) == (0, "") and o.lag(other) == (0, "")
+    o.learn("step-000001")
+    o.learn("step-000002")
+    assert o.lag(mine) == (2, "") and o.lag(other) == (2, "") and o.lag("step-000001") == (1, "")

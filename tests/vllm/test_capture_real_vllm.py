@@ -150,9 +150,14 @@ def test_capture_matches_real_vllm(stack, api, name, case, stream):  # noqa: F81
         assert rows and all(r["error"] and why in r["error"] for r in rows), [r["error"] for r in rows]
         assert all(r["completion_ids"] is None for r in rows)
         return
-    # echo: the proxy asks for no logprobs (vLLM would compute the prompt's too): the row has
-    # logprobs only when the harness asked for them
-    assert_rows_match(rows, t, logprobs=not (body.get("echo") and body.get("logprobs") is None))
+    if api == "completions" and body.get("echo") and body.get("logprobs") is None:
+        # echo: the proxy asks for no logprobs (vLLM would compute the prompt's too), so the row
+        # cannot train: it says so (an error naming the fix), never a success without logprobs
+        assert all(r["error"] and r["error"].startswith("no logprobs: completions with echo") for r in rows)
+        assert all(r["completion_ids"] is None for r in rows)
+        return
+    # (echo with the harness's own logprobs: vLLM's cover the prompt too, the row keeps the completion's)
+    assert_rows_match(rows, t)
 
 
 

@@ -34,10 +34,12 @@ def post(url: str, path: str, body: dict, headers: dict | None = None) -> dict:
         return json.loads(r.read() or b"null")
 
 
-def collect(upstream: str, model_dir: Path, work: Path) -> Path:
+def collect(upstream: str, model_dir: Path, work: Path, option: bool = True) -> Path:
     """GROUPS x GROUP_SIZE one-call episodes through the proxy, no sampling fields (the server's
-    defaults apply; the proxy records them from polar_generation_config); returns the shard dir."""
-    with capture_proxy(upstream, work / "logs", control_secret=None, sets={"polar_generation_config": str(model_dir)}) as px:
+    defaults apply; the proxy records them from polar_generation_config, or without the option
+    from what the server says it serves: addon/sampling_discovery.py); returns the shard dir."""
+    sets = {"polar_generation_config": str(model_dir)} if option else {}
+    with capture_proxy(upstream, work / "logs", control_secret=None, sets=sets) as px:
         for g in range(GROUPS):
             for e in range(GROUP_SIZE):
                 ep = f"g{g}-e{e}"
@@ -73,10 +75,15 @@ def check_on_policy(st: dict) -> None:
     assert st["clipped_frac"] == 0.0 and 0.99 < st["min"] <= st["max"] < 1.01, st
 
 
-def test_real_vllm_processed_ratio_is_one(vllm_url, tiny_model, tmp_path):
-    st, full, rows = ratios(collect(vllm_url, tiny_model, tmp_path), tiny_model, tmp_path)
+@pytest.mark.parametrize("option", [True, False], ids=["option", "discovered"])
+def test_real_vllm_processed_ratio_is_one(vllm_url, tiny_model, tmp_path, option):
+    """With polar_generation_config, and without it (the proxy asks vLLM's /v1/models which model it
+    serves and reads its generation_config.json): the same values, and the corrected ratio is 1."""
+    st, full, rows = ratios(collect(vllm_url, tiny_model, tmp_path, option), tiny_model, tmp_path)
     assert all({k: r[k] for k in (*QWEN3, "logprobs_mode", "sampling_unsupported")} ==
                {**QWEN3, "logprobs_mode": "processed", "sampling_unsupported": None} for r in rows), rows[0]
+    assert all(r["sampling_source"].startswith("option: " if option else "discovered: vllm GET /v1/models root")
+               for r in rows), rows[0]["sampling_source"]
     check_on_policy(st)
     # The full softmax: each token's ratio is its kept mass; over MAX_TOKENS tokens the sequence ratio
     # is far below 1.
