@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from polar_contracts.auxiliary import AuxiliaryRuleError, first_match, parse_rule, rules_from_metadata
 from harness_recipes.recipes.recipe import load_recipe
+from polar_contracts.auxiliary import AuxiliaryRuleError, first_match, parse_rule, rules_from_metadata
 
 TITLE = {"model": "m", "messages": [{"role": "system", "content": "You are a title generator. ..."},
                                     {"role": "user", "content": "fix calc.py"}]}
