@@ -90,7 +90,7 @@ def observe(recipe, log, ep, markers, rec: dict) -> dict[str, str]:
         "API on the wire": ", ".join(sorted({r["api"] for r in rows})),
         "Streams": "yes" if all(r["stream"] for r in agent) else ("some" if any(r["stream"] for r in agent) else "no"),
         "Tools declared / tool calls resent": f"{len(tools)} / {'yes' if resent_calls else 'no'}",
-        "Title call (no tools)": "yes" if with_tools and len(with_tools) < len(agent) else "no",
+        "Title call (no tools)": _title_call(rows),
         "Thinking resent": "yes" if thinking else "no",
         "Sub-agent tool": ", ".join(f"`{t}`" for t in subagent) or "none",
         "Compaction (this run)": "history shrank" if compacted else "not triggered",
@@ -101,6 +101,18 @@ def observe(recipe, log, ep, markers, rec: dict) -> dict[str, str]:
         "Segments": str(len(seqs)),
         "Reward": f"{rec.get('reward')}",
     }
+
+
+def _title_call(rows: list[dict]) -> str:
+    """Whether the harness makes a call that declares no tools beside its tool-using ones (a title,
+    a next-speaker check), and whether capture or the recipe's rules flag it auxiliary (not trained)."""
+    chats = _chat_requests(rows)
+    if not any(c.get("tools") for c in chats):
+        return "no"  # a harness without tools (aider): every call is the agent's
+    bare = [r for r, c in zip(rows, chats) if not c.get("tools")]
+    if not bare:
+        return "no"
+    return "yes, auxiliary" if all(r["auxiliary"] for r in bare) else "yes, trained"
 
 
 def run_recipe(name: str, proxy, logdir: Path, work: Path, markers, echo=print) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from polar_contracts.auxiliary import AuxiliaryRuleError, first_match, rules_from_metadata
 from polar_contracts.episode_ids import episode_id_of
 from polar_contracts.log.schema import KIND_CALL, KIND_END, READ_DROP, SCHEMA
 from polar_contracts.log.table import LogError, _full_prompts, full_requests, read_batches, unpack
@@ -51,6 +52,15 @@ def read_episode(path: str | os.PathLike) -> EpisodeLog:
     except LogError as exc:
         raise LogError(f"{path}: {exc}") from exc
     responses = [None if b is None else unpack(b).decode() for b in calls.column("response_zstd").to_pylist()]
+    try:
+        rules = rules_from_metadata(metadata, str(path))
+    except AuxiliaryRuleError as exc:
+        raise LogError(str(exc)) from exc
+    if rules:  # the recipe's auxiliary rules (auxiliary.py), applied as log/arrays.py applies them
+        aux = calls.column("auxiliary").to_pylist()
+        apis = calls.column("api").to_pylist()
+        flags = [bool(a) or first_match(rules, api, req) is not None for a, api, req in zip(aux, apis, requests, strict=True)]
+        calls = calls.set_column(calls.schema.get_field_index("auxiliary"), "auxiliary", pa.array(flags, pa.bool_()))
     calls = calls.drop_columns(list(READ_DROP))
     calls = calls.append_column("request", pa.array(requests, type=pa.string()))
     calls = calls.append_column("response", pa.array(responses, type=pa.string()))

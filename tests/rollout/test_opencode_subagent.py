@@ -85,6 +85,9 @@ def test_opencode_subagent_is_its_own_segment(stack, tmp_path):
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
     segs = {s for s in df["segment"].to_list()}
-    assert {view[parent[0]]["segment"], view[sub[0]]["segment"]} <= segs
+    assert segs == {view[parent[0]]["segment"], view[sub[0]]["segment"]}
+    # the session-title call (no tools) is flagged by the recipe's [[auxiliary]] rule: recorded, not trained
+    titles = [r["call_index"] for r in rows if not json.loads(r["request"]).get("tools")]
+    assert titles and all(view[c]["link"] == "AUX" for c in titles), [view[c] for c in titles]
     for row in df.iter_rows(named=True):
         assert sum(row["loss_mask"]) > 0 and row["reward"] == 1.0
