@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness_recipes.tasks.swebench.eval_script import eval_script
 from harness_recipes.tasks.swebench.instances import load_instances
 from harness_recipes.tasks.swebench.specs import spec_for
@@ -212,16 +214,41 @@ def test_an_official_image_runs_as_the_official_harness_runs_it(tmp_path, monkey
     assert find_official(client, t.swebench) is None
 
 
-def test_codex_fixes_it_through_the_proxy_into_shards(docker_runtime_cls, tmp_path):
+def _tampering_script(tmp_path):
+    """The gold script with its first shell call replaced by the tamper: a conftest.py that passes
+    every test, hidden from git status the way an agent would (.git/info/exclude)."""
+    text = (DATA / "scripts" / "flask-5014.json").read_text()
+    gold = json.loads(text)["rules"][1]["reply"]["tool_calls"][0]["arguments"]["command"]
+    tamper = (f"cat > tests/conftest.py <<'POLAR_TAMPER_EOF'\n{TAMPER}POLAR_TAMPER_EOF\n"
+              "echo tests/conftest.py >> .git/info/exclude")
+    assert json.dumps(gold)[1:-1] in text
+    path = tmp_path / "tamper.json"
+    path.write_text(text.replace(json.dumps(gold)[1:-1], json.dumps(tamper)[1:-1]))
+    return path
+
+
+def _idle_script(tmp_path):
+    """The gold script with its first turn answered without any tool call: no change at all."""
+    script = json.loads((DATA / "scripts" / "flask-5014.json").read_text())
+    script["rules"][1]["reply"] = {"content": "I looked, and I will leave the code as it is."}
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps(script))
+    return path
+
+
+@pytest.mark.parametrize("agent", ["gold", "tamper", "idle"])
+def test_codex_through_the_proxy_into_shards(docker_runtime_cls, tmp_path, agent):
     """The real Codex CLI in the instance's image, through mitmdump + the Polar addon + polar-serve
-    (scripted: it answers with the row's gold patch), graded as published, into shards."""
+    (scripted: it answers with the row's gold patch, tampers with the tests, or changes nothing),
+    graded as published, into shards: 1 for the fix, a kept 0 for the tamper and for no change."""
     from harness_recipes.node.local_stack import capture_proxy, serve
     from harness_recipes.recipes.install import ensure_installed
     from harness_recipes.recipes.recipe import load_recipe
     from tests.support.servers import tiny_model_dir
     ensure_installed(load_recipe("codex"))
     logdir, out = tmp_path / "logs", tmp_path / "out"
-    script = DATA / "scripts" / "flask-5014.json"
+    script = {"gold": lambda _: DATA / "scripts" / "flask-5014.json", "tamper": _tampering_script,
+              "idle": _idle_script}[agent](tmp_path)
     t0 = time.monotonic()
     with serve(tiny_model_dir(), script=script) as srv, capture_proxy(srv.url, logdir) as proxy:
         proc = subprocess.run(
@@ -235,12 +262,24 @@ def test_codex_fixes_it_through_the_proxy_into_shards(docker_runtime_cls, tmp_pa
     (rec,) = [json.loads(line) for line in (out / "rollout" / "episodes.jsonl").read_text().splitlines()]
     brief = {k: v for k, v in rec.items() if k != "swebench"}
     assert rec["status"] == "done" and rec["harness_rc"] == 0, f"{brief}\n{proxy_out}"
-    assert "src/flask/blueprints.py" in rec["changed_files"], brief
     sb = rec["swebench"]
-    assert rec["reward"] == 1.0 and sb["resolved"] is True and sb["image_path"] in ("built", "official"), sb
-    assert len(sb["tests"]["PASS_TO_PASS"]["success"]) == 59
     import polars as pl
     df = pl.read_parquet(out / "shard-*.parquet").filter(pl.col("episode_id") == rec["episode_id"])
+    if agent == "idle":  # no change: a real 0, kept for training (the model's failure, not ours)
+        assert rec["reward"] == 0.0 and sb["resolved"] is False and not rec["changed_files"], sb
+        assert df.height >= 1 and (df["reward"] == 0.0).all()
+        assert sb["tests"]["FAIL_TO_PASS"]["failure"] == ["tests/test_blueprints.py::test_empty_name_not_allowed"]
+        return
+    if agent == "tamper":
+        # the tamper is in the tree the agent left, and graded without it: the fix is missing
+        assert "tests/conftest.py" in rec["changed_files"] and "src/flask/blueprints.py" not in rec["changed_files"]
+        assert rec["reward"] == 0.0 and sb["resolved"] is False, sb
+        assert df.height >= 1 and (df["reward"] == 0.0).all()
+        assert "tests/conftest.py" in json.loads(df["eval"][0])["stripped_paths"], df["eval"][0]
+        return
+    assert "src/flask/blueprints.py" in rec["changed_files"], brief
+    assert rec["reward"] == 1.0 and sb["resolved"] is True and sb["image_path"] in ("built", "official"), sb
+    assert len(sb["tests"]["PASS_TO_PASS"]["success"]) == 59
     assert df.height >= 1 and (df["reward"] == 1.0).all()
     for r in df.iter_rows(named=True):
         ev = json.loads(r["eval"])
