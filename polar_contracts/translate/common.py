@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
+import json
 import os
 from collections.abc import Mapping
 
@@ -67,6 +68,19 @@ def join_notes(notes: list[str], note: str) -> None:
     """Append a note once (a translator records each normalization a single time per call)."""
     if note not in notes:
         notes.append(note)
+
+
+def tool_arguments(arguments, notes: list[str]) -> dict:
+    """A chat tool call's `arguments` (a JSON string) as the object the Messages / Gemini APIs carry;
+    text that is not a JSON object is kept, wrapped, with a note (never dropped)."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        join_notes(notes, "tool call arguments were not valid JSON (passed as {\"_raw\": ...})")
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_value": value}
 
 
 # reasoning_effort values both servers' chat endpoints accept (SGLang: low/medium/high only).

@@ -42,6 +42,7 @@ from polar_contracts.translate.common import (
     prompt_len,
     reasoning_effort,
     stream_options,
+    tool_arguments,
     usage_counts,
 )
 
@@ -432,7 +433,7 @@ class GeminiTranslator(ChatTranslator):
         if text is not None:
             parts.append({"text": text})
         for name, args in calls:
-            parts.append({"functionCall": {"name": name, "args": _parse_args(args, self.notes)}})
+            parts.append({"functionCall": {"name": name, "args": tool_arguments(args, self.notes)}})
         if reasoning:
             target = next((p for p in parts if "functionCall" in p), parts[-1] if parts else None)
             if target is None:
@@ -486,13 +487,3 @@ class GeminiTranslator(ChatTranslator):
         self._finished = True
         return self._chunk({"error": {"code": 500, "message": message, "status": "INTERNAL"}})
 
-
-def _parse_args(arguments, notes: list[str]) -> dict:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        join_notes(notes, "tool call arguments were not valid JSON (passed as {\"_raw\": ...})")
-        return {"_raw": arguments}
-    return value if isinstance(value, dict) else {"_value": value}

@@ -30,6 +30,7 @@ from polar_contracts.translate.common import (
     prompt_len,
     reasoning_effort,
     sse,
+    tool_arguments,
     usage_counts,
 )
 
@@ -331,7 +332,7 @@ class MessagesTranslator(ChatTranslator):
         for call in msg.get("tool_calls") or ():
             fn = call.get("function") or {}
             content.append({"type": "tool_use", "id": new_id("toolu"), "name": fn.get("name"),
-                            "input": _parse_args(fn.get("arguments"), self.notes)})
+                            "input": tool_arguments(fn.get("arguments"), self.notes)})
         counts = usage_counts(chat_resp.get("usage"), prompt_len(chat_resp))
         reason, stop_seq = self._stop(choice.get("finish_reason"), matched_stop(choice),
                                       bool(msg.get("tool_calls")))
@@ -424,13 +425,3 @@ class MessagesTranslator(ChatTranslator):
         self._finished = True
         return sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
 
-
-def _parse_args(arguments, notes: list[str]) -> dict:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        join_notes(notes, "tool call arguments were not valid JSON (passed as {\"_raw\": ...})")
-        return {"_raw": arguments}
-    return value if isinstance(value, dict) else {"_value": value}
