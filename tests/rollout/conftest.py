@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,6 +59,26 @@ def end_server():
     s = EndServer()
     yield s
     s.close()
+
+
+def fake_harness_installed(tmp_path: Path, monkeypatch, argv: list[str]) -> tuple[Path, Path]:
+    """(recipe path, exe) for the fake harness installed the way a recipe's CLI is, in its own prefix
+    <harness cache>/fake/: sandboxes bind only the recipe's own install prefix (runtimes/), so the
+    script and the interpreter the harness runs by (a link to the system python3, which containers
+    see under /usr) both live there."""
+    cache = tmp_path / "cache"
+    prefix = cache / "fake"
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    script = prefix / "fake_harness.py"
+    shutil.copy(FAKE, script)
+    exe = prefix / "bin" / "python3"
+    if not exe.is_symlink():
+        exe.symlink_to("/usr/bin/python3")
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
+    recipe_path = fake_recipe(tmp_path, argv)
+    recipe_path.write_text(recipe_path.read_text().replace(str(FAKE), str(script))
+                           .replace(f'bin = "{sys.executable}"', f'bin = "{exe}"'))
+    return recipe_path, exe
 
 
 def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake", via: str = "header") -> Path:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import harness_recipes.node.episode as ep
@@ -11,22 +10,15 @@ from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.tasks.task_file import load_tasks
 
-from .conftest import FAKE, fake_recipe, write_tasks
+from .conftest import fake_harness_installed, write_tasks
 
 
 def run_docker(tmp_path, monkeypatch, end_server, runtime_cls, argv, timeout=30, n=1):
-    # The container sees the harness cache read-only at the same path: put the fake harness there.
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    shutil.copy(FAKE, cache / "fake_harness.py")
-    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
-    recipe_path = fake_recipe(tmp_path, argv)
-    recipe_path.write_text(recipe_path.read_text().replace(str(FAKE), str(cache / "fake_harness.py"))
-                           .replace(f'bin = "{__import__("sys").executable}"', 'bin = "/usr/bin/python3"'))
+    recipe_path, exe = fake_harness_installed(tmp_path, monkeypatch, argv)
     recipe = load_recipe(recipe_path)
     tasks = load_tasks(write_tasks(tmp_path, timeout=timeout, n=n))
     rt = runtime_cls(network="none", memory="1g", cpus=1.0, workdir=str(tmp_path))
-    p = Pipeline(recipe, Path("/usr/bin/python3"), rt, ep.Settings(proxy=end_server.url), Records(tmp_path / "out"),
+    p = Pipeline(recipe, exe, rt, ep.Settings(proxy=end_server.url), Records(tmp_path / "out"),
                  logdir=None, limits=Limits())
     p.plan(tasks, 1)
 

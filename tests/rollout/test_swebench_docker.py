@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.recipe import load_recipe
 from harness_recipes.tasks.swebench.instances import load_instances
 
-from .conftest import FAKE, fake_recipe
+from .conftest import fake_harness_installed
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "data" / "swebench" / "mini.jsonl"
@@ -40,16 +39,10 @@ def variant(task, tag: str, **inst):
 
 
 def run(tmp_path, monkeypatch, end_server, runtime_cls, argv, tasks, on_start=None):
-    cache = tmp_path / "cache"
-    cache.mkdir(exist_ok=True)
-    shutil.copy(FAKE, cache / "fake_harness.py")
-    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(cache))
-    recipe_path = fake_recipe(tmp_path, argv)
-    recipe_path.write_text(recipe_path.read_text().replace(str(FAKE), str(cache / "fake_harness.py"))
-                           .replace(f'bin = "{__import__("sys").executable}"', 'bin = "/usr/bin/python3"'))
+    recipe_path, exe = fake_harness_installed(tmp_path, monkeypatch, argv)
     rt = runtime_cls(network="none", memory="1g", cpus=1.0, workdir=str(tmp_path))
     records = Records(tmp_path / "out")
-    p = Pipeline(load_recipe(recipe_path), Path("/usr/bin/python3"), rt, ep.Settings(proxy=end_server.url), records,
+    p = Pipeline(load_recipe(recipe_path), exe, rt, ep.Settings(proxy=end_server.url), records,
                  logdir=None, limits=Limits())
     p.plan(tasks, 1)
 

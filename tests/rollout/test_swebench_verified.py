@@ -96,10 +96,10 @@ def test_the_plan_says_buildable_with_the_repository_and_refused_without():
 # ---- on docker: the image built here, graded in a fresh container -------------------------------
 
 def _episode(tmp_path, monkeypatch, end_server, rt_cls, argv, files=()):
-    cache = tmp_path / "cache"
-    cache.mkdir(exist_ok=True)
+    prefix = tmp_path / "cache" / "fake"  # the fake harness's prefix: the only part of the cache a sandbox sees
+    prefix.mkdir(parents=True, exist_ok=True)
     for name, text in files:
-        (cache / name).write_text(text)
+        (prefix / name).write_text(text)
     t0 = time.monotonic()
     recs, records = run(tmp_path, monkeypatch, end_server, rt_cls, argv, [flask()])
     (rec,) = recs.values()
@@ -111,7 +111,7 @@ def _episode(tmp_path, monkeypatch, end_server, rt_cls, argv, files=()):
 def test_gold_patch_resolves_it_with_the_per_test_lists(tmp_path, monkeypatch, end_server, docker_runtime_cls):
     gold = row()["patch"]
     rec, records = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls,
-                            ["apply", str(tmp_path / "cache" / "gold.patch")], [("gold.patch", gold)])
+                            ["apply", str(tmp_path / "cache" / "fake" / "gold.patch")], [("gold.patch", gold)])
     sb = rec["swebench"]
     assert rec["status"] == "done" and rec["reward"] == 1.0 and sb["resolved"] is True, rec
     assert sb["image_path"] == "built" and sb["image"].startswith("polar-sweb.eval.pallets_1776_flask-5014:")
@@ -203,7 +203,7 @@ def test_an_official_image_runs_as_the_official_harness_runs_it(tmp_path, monkey
         assert find_official(client, t.swebench) == (registry, "official")
         gold = row()["patch"]
         rec, records = _episode(tmp_path, monkeypatch, end_server, docker_runtime_cls,
-                                ["apply", str(tmp_path / "cache" / "gold.patch")], [("gold.patch", gold)])
+                                ["apply", str(tmp_path / "cache" / "fake" / "gold.patch")], [("gold.patch", gold)])
         sb = rec["swebench"]
         assert sb["image"] == registry and sb["image_path"] == "official", rec
         assert rec["reward"] == 1.0 and sb["resolved"] is True, rec
@@ -366,11 +366,11 @@ def test_the_published_flask_row_runs_on_the_image_built_here(tmp_path, monkeypa
     image built here: its own script with the venv's activation, the gold patch resolves it."""
     (t,) = load_instances(f"swebench:{VERIFIED}", repos=REPOS, instances=[IID])
     assert t.swebench["log_parser"] == "parse_log_flask" and t.swebench["image"].startswith("swebench/")
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "gold.patch").write_text(t.swebench["patch"])
+    prefix = tmp_path / "cache" / "fake"  # the fake harness's prefix: the only part of the cache a sandbox sees
+    prefix.mkdir(parents=True)
+    (prefix / "gold.patch").write_text(t.swebench["patch"])
     recs, records = run(tmp_path, monkeypatch, end_server, docker_runtime_cls,
-                        ["apply", str(cache / "gold.patch")], [t])
+                        ["apply", str(prefix / "gold.patch")], [t])
     (rec,) = recs.values()
     sb = rec["swebench"]
     assert rec["reward"] == 1.0 and sb["resolved"] is True and sb["image_path"] == "built", rec
