@@ -105,6 +105,7 @@ def matches(rule: AuxiliaryRule, api: str | None, body: dict[str, Any]) -> bool:
 
 def first_match(rules: tuple[AuxiliaryRule, ...], api: str | None, request_text: str | None) -> str | None:
     """The name of the first rule the recorded request matches, or None."""
+    rules = tuple(r for r in rules if r.match.get("api", api) == api)  # (before parsing: bodies are large)
     if not rules or request_text is None:
         return None
     try:
