@@ -1,4 +1,5 @@
-"""The importance ratio when the trainer's numerics differ from the server's (issue 25): recorded rows,
+"""The importance ratio when the trainer's numerics differ from the server's (docs/training.md,
+"Importance-sampling correction"): recorded rows,
 the trainer's logits perturbed at bf16 level, pi_old under the OLD rule (the trainer's recomputed
 top-k/top-p/min-p set only: a sampled token outside it gets -inf) and the NEW one (the sampled token
 always kept, trainer/behaviour_logprobs.py ``sampled_token_logprobs``; non-finite tokens masked and

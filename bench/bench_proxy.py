@@ -9,7 +9,8 @@ patches off (stock mitmproxy's dispatch, backlog and collector): the capture's c
     .venv/bin/python bench/bench_proxy.py --real-vllm [--vllm-url URL]   # the real vLLM upstream (below)
 
 Backend: bench/fake_backend.py speaking vLLM's shapes with ids (non-streaming answers at once;
-streams of 60 chunks 5 ms apart, first after 20 ms: the anchors of proxy-performance.md).
+streams of 60 chunks 5 ms apart, first after 20 ms: the anchors in docs/benchmarks/proxy.md,
+"Anchors measured before the addon").
 Request body: the real 79 KB Qwen Code request (tests/fixtures/harness-requests/qwen-code.jsonl).
 Reports: per-call latency p50/p99 and the added ms, time to first chunk, calls/s with 64 and 256
 concurrent streams, proxy CPU per call (psutil on the mitmdump pid), peak RSS, log bytes per call,

@@ -1,6 +1,6 @@
 """A fast fake inference server for the proxy benchmark and the proxy's failure tests.
 
-Speaks the streaming and non-streaming shapes of vLLM 0.33 or SGLang 0.5.23 (wire-formats.md) for
+Speaks the streaming and non-streaming shapes of vLLM 0.32 or SGLang 0.5.23 (docs/reference.md, "Wire formats") for
 /v1/chat/completions and /v1/completions, returning token ids and logprobs only when the request
 asks for them, as the real servers do. No model: the prompt ids are derived from the request
 (cheaply, or with the real Qwen3 tokenizer with --tokenizer), the completion is a fixed cycle of

@@ -1,4 +1,5 @@
-"""The importance ratio with a bf16 server on an accelerator and the fp32 CPU trainer (issue 25): one
+"""The importance ratio with a bf16 server on an accelerator and the fp32 CPU trainer (docs/training.md,
+"Importance-sampling correction"): one
 short, self-contained run (torch + transformers, no vLLM) that prints one JSON line.
 
     PYTHONPATH=. python bench/gpu_is_ratio.py [--device cuda] [--dtype bf16] [--seqs 64] [--tokens 64]

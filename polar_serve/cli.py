@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-version", default=None, help="initial weight_version (default 'default', like SGLang)")
     p.add_argument("--sglang-token-ids-field", choices=("response_token_ids", "token_ids"),
                    default="response_token_ids",
-                   help="SGLang chat choice field for output ids: response_token_ids (0.5.23, wire-formats.md) "
+                   help="SGLang chat choice field for output ids: response_token_ids (0.5.23; docs/reference.md, Wire formats) "
                         "or token_ids (later sources; return_token_ids then implies prompt_token_ids)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length the server admits and reports, as vLLM's flag (default: the model config's)")

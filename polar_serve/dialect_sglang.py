@@ -11,7 +11,7 @@ dumps; a step's logprobs ride its reasoning or plain-content chunk, else a chunk
 delta `{"reasoning_content": null}`; the finish chunk carries none), `_build_chat_response`
 (content "" not null, tool_calls left out when none, `return_token_ids` implies the prompt ids,
 `metadata: {weight_version}`),
-`srt/managers/io_struct.py` (GenerateReqInput) and wire-formats.md:
+`srt/managers/io_struct.py` (GenerateReqInput), as docs/reference.md "Wire formats" records them:
 - ids on the choice: `prompt_token_ids` / `response_token_ids` (non-streaming only; the flags are
   rejected with `stream: true`), `meta_info` with `return_meta_info`. Later SGLang sources (and its
   own tests) name the output field `token_ids` and let `return_token_ids` imply

@@ -212,7 +212,7 @@ def chat_choice(req: GenerationRequest, res: GenerationResult, tokenizer, index:
            "function_call": None}
     if p.tool_calls:
         msg["tool_calls"] = [_tool_call(tc) for tc in p.tool_calls]
-    # include_reasoning=false hides the reasoning AND the per-token metadata (wire-formats.md caveat).
+    # include_reasoning=false hides the reasoning AND the per-token metadata (docs/reference.md, "Wire formats").
     hide = b.get("include_reasoning", True) is False
     msg["reasoning"] = None if hide else (p.reasoning or None)
     finish = "tool_calls" if p.tool_calls and not _named_tool(b) else res.finish_reason

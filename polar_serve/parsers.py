@@ -1,4 +1,4 @@
-"""Qwen3 reasoning and tool-call parsing as vLLM 0.33 and SGLang 0.5.23 do it (sans-IO).
+"""Qwen3 reasoning and tool-call parsing as vLLM 0.32 and SGLang 0.5.23 do it (sans-IO).
 
 Sources followed:
 - vLLM `reasoning/qwen3_reasoning_parser.py`: partition on `<think>` then on `</think>`, no

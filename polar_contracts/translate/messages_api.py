@@ -80,7 +80,7 @@ def _system_text(system, notes: list[str], normalize: bool) -> str:
             raise TranslationError(f"system: unsupported block type {b.get('type')!r}")
         text = b.get("text") or ""
         if normalize and text.startswith(BILLING_PREFIX):
-            # Per-session hash line: it breaks prefix sharing across sessions (harnesses.md).
+            # Per-session hash line: it breaks prefix sharing across sessions (docs/reference.md, "What harnesses send back").
             # Only that line goes; text after it in the same block stays.
             join_notes(notes, "removed Claude Code x-anthropic-billing-header system line")
             text = text.split("\n", 1)[1] if "\n" in text else ""

@@ -53,7 +53,7 @@ def _sglang_answer(out_key: str, with_prompt: bool, meta: bool) -> dict:
 
 @pytest.mark.parametrize("out_key", ["response_token_ids", "token_ids"])
 def test_sglang_chat_ids_in_either_field_and_removed(out_key):
-    """Output ids in response_token_ids (wire-formats.md) or token_ids (newer SGLang): both are
+    """Output ids in response_token_ids (SGLang 0.5.23, docs/reference.md "Wire formats") or token_ids (newer SGLang): both are
     captured, and the answer the harness gets has neither, nor meta_info, nor the logprobs."""
     plan = plan_request("chat", "sglang", {"stream": False})
     obj = _sglang_answer(out_key, True, True)

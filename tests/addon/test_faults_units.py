@@ -1,4 +1,4 @@
-"""Issue 16's sans-IO rules, without sockets (tests/faults has each class through mitmdump)."""
+"""The fault rules of docs/faults.md, sans-IO, without sockets (tests/faults has each class through mitmdump)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Stream filters over real chunk shapes (wire-formats.md): ids captured, added fields removed,
+"""Stream filters over real chunk shapes (docs/reference.md, "Wire formats"): ids captured, added fields removed,
 everything else byte-identical, any chunking."""
 import json
 

@@ -1,4 +1,4 @@
-"""Issue 16: each class of fault through a real mitmdump with the addon (docs/faults.md has the
+"""Each class of fault through a real mitmdump with the addon (docs/faults.md has the
 table). The upstream is tests/faults/scripted_upstream.py, answering what each request scripts."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Item 10 of issue 23: the harness gets, byte for byte, what a direct connection gives it, less
+"""The harness gets, byte for byte, what a direct connection gives it, less
 only what the proxy added. Differential: the same request sent to the upstream directly and
 through a real mitmdump with the addon, the answers compared byte for byte (server-made ids and
 timestamps aside). Upstreams: polar-serve's SGLang dialect (sglext streams), and the scripted

@@ -1,4 +1,4 @@
-"""Issue 15, items 1-3 (shard side): context fidelity, every sample accounted for, termination and
+"""Shard side of docs/reconstruction.md: context fidelity, every sample accounted for, termination and
 max length. Episodes are rendered with the real Qwen3 chat template (polar_recon.testing)."""
 import json
 

@@ -73,7 +73,7 @@ def test_clean_chain(tmp_path):
 
 
 def test_whitespace_content_resent_realigns(tmp_path):
-    # harnesses.md case 1: content "\n\n" resent; the template renders \n\n\n<tool_call>
+    # case 1 of docs/reference.md "What harnesses send back": content "\n\n" resent; the template renders \n\n\n<tool_call>
     conv = L.episode(tmp_path, "e", lambda c: L.two_tool_turns(c, reasoning=("Write it.", "Check it.")), harness="strict")
     ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
     assert [n.kind for n in nodes] == [FORK, REALIGN, REALIGN]
@@ -113,7 +113,8 @@ def test_thinking_dropped_realigns(tmp_path):
 
 
 def test_bpe_merge_into_previous_prompt(tmp_path):
-    # case 4 (ARCHITECTURE.md trap): Qwen Code drops empty reasoning and resends content "\n\n":
+    # case 4 of docs/reference.md "What harnesses send back" (the trap): Qwen Code drops empty
+    # reasoning and resends content "\n\n":
     # `<|im_start|>assistant\n` + `\n\n\n` merge, so the divergence is INSIDE the previous prompt
     conv = L.episode(tmp_path, "e", lambda c: L.two_tool_turns(c, reasoning=("", "")), harness="qwen-code")
     ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
@@ -190,7 +191,7 @@ def test_retry_keeps_the_extended_branch(tmp_path):
         c.call(L.Sample("Check it.", "", [("run_shell", json.dumps({"command": "ls"}))]), results=["hello.txt"])
         c.call(L.Sample("Done.", "Done.", []))
     conv = L.episode(tmp_path, "e", run, harness="tidy")
-    # by default the rejected sample trains too, in its own segment (issue 15: no sample dropped)
+    # by default the rejected sample trains too, in its own segment (every sample accounted for: no sample dropped)
     ep, nodes, chains = kinds_of(tmp_path / "e.arrow")
     assert [n.kind for n in nodes] == [FORK, FORK, CLEAN, CLEAN] and chains == [[0, 2, 3], [1]]
     seqs = token_sequences(ep, M)

@@ -1,4 +1,4 @@
-"""Issue 15's property test: harness-like episodes (earlier turns edited, tool arguments rewritten,
+"""The reconstruction property test: harness-like episodes (earlier turns edited, tool arguments rewritten,
 sliding windows over identical turns, compaction, sub-agents with identical prompts, n>1, retries,
 thinking dropped) sent through the REAL mitmdump + addon to polar-serve (scripted: the content is
 controlled, the tokens and logprobs are the server's), then `polar-recon build --check`, then on

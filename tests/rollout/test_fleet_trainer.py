@@ -1,4 +1,4 @@
-"""The trainer consumes the fleet's store while the fleet runs (issue 17: "the trainer is independent").
+"""The trainer consumes the fleet's store while the fleet runs: the trainer is independent of it.
 
 A real Ray cluster of two nodes on this machine, each with two real capture proxies in front of a
 real polar-serve, a fast fake harness; the real `trainer/train_grpo.py` (PolarGRPOTrainer, TRL) in

@@ -1,5 +1,5 @@
 """In a sandbox (bubblewrap, docker) the harness sees its own recipe's install prefix, not the whole
-harness cache (other harnesses and their caches are not the agent's business): issue 23."""
+harness cache (other harnesses and their caches are not the agent's business; docs/security.md, "Sandboxes")."""
 from __future__ import annotations
 
 import asyncio

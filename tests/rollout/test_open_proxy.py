@@ -1,4 +1,4 @@
-"""`polar-rollout run` against a proxy whose control plane is open (issue 23): refused up front with
+"""`polar-rollout run` against a proxy whose control plane is open (docs/security.md): refused up front with
 how to secure it, unless --unsafe-open-proxy, which marks every episode (end metadata, then the
 shard column control_plane). Real mitmdump with the addon; the fake harness of conftest.py."""
 from __future__ import annotations

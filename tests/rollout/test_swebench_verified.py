@@ -359,6 +359,32 @@ def test_the_plan_over_the_published_verified_set(tmp_path):
             assert d["reason"].startswith(f"needs Python {d['python']}; the Debian base"), d
     dj = by_id["django__django-11099"]  # django 3.0: Python 3.6, not in Debian bookworm
     assert dj["path"] == "official" or dj["reason"].startswith("needs Python 3.6"), dj
+    # docs/swebench.md keeps only a per-repo summary of this plan (the table itself is printed on
+    # demand): it must be what the command says; build / refused only hold with no official image
+    doc = plan_summary_in_docs()
+    per_repo = {}
+    for d in out["instances"]:
+        counts = per_repo.setdefault(d["repo"], {"instances": 0, "build": 0, "refused": 0, "official": 0})
+        counts["instances"] += 1
+        counts[d["path"]] += 1
+    assert {r: c["instances"] for r, c in per_repo.items()} == {r: c["instances"] for r, c in doc.items()}
+    if t["official"] == 0:
+        assert {r: (c["build"], c["refused"]) for r, c in per_repo.items()} == \
+            {r: (c["build"], c["refused"]) for r, c in doc.items()}
+
+
+def plan_summary_in_docs() -> dict[str, dict[str, int]]:
+    """The per-repo table under "Planning" in docs/swebench.md: repo -> instances, build, refused."""
+    text = (ROOT / "docs" / "swebench.md").read_text()
+    head = "| repo | instances | buildable here | refused |"
+    assert head in text, f"docs/swebench.md lost its plan summary table ({head})"
+    rows = {}
+    for line in text.split(head, 1)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        repo, n, build, refused = (c.strip() for c in line.strip("|").split("|"))
+        rows[repo] = {"instances": int(n), "build": int(build), "refused": int(refused)}
+    return rows
 
 
 def test_the_published_flask_row_runs_on_the_image_built_here(tmp_path, monkeypatch, end_server, docker_runtime_cls):

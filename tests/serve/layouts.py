@@ -1,7 +1,7 @@
 """Golden field layouts (key order included) of the real servers' responses.
 
 Derived by reading the pydantic models of the released sources through the code index (no GPU
-needed, but vllm/sglang cannot be installed here) and wire-formats.md's byte-exact findings:
+needed, but vllm/sglang cannot be installed here) and the byte-exact findings in docs/reference.md ("Wire formats"):
 - vLLM 0.33 `entrypoints/openai/chat_completion/protocol.py`: ChatCompletionResponse (id, object,
   created, model, choices, service_tier, system_fingerprint, usage, prompt_logprobs,
   prompt_token_ids, prompt_text, kv_transfer_params), ChatCompletionResponseChoice (index, message,
@@ -18,7 +18,7 @@ needed, but vllm/sglang cannot be installed here) and wire-formats.md's byte-exa
   DeltaMessage (role, content, reasoning_content, tool_calls), stream choice (index, delta,
   logprobs, finish_reason, matched_stop), UsageInfo (prompt_tokens, total_tokens,
   completion_tokens, prompt_tokens_details, reasoning_tokens). The token-id field of the choice is
-  `response_token_ids` as wire-formats.md records for 0.5.23 (later sources name it `token_ids`).
+  `response_token_ids` as docs/reference.md records for 0.5.23 (later sources name it `token_ids`).
 """
 # vLLM: as the real vLLM 0.32.0 answers (tests/vllm/test_differential.py compares the whole answers).
 VLLM_CHAT = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",

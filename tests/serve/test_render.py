@@ -1,5 +1,5 @@
 """Prompt rendering: ids equal the tokenizer's own apply_chat_template, and the two servers differ
-where wire-formats.md says they do."""
+where docs/reference.md ("Wire formats") says they do."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 25: a training signal that holds when the trainer's numerics differ from the server's.
+"""A training signal that holds when the trainer's numerics differ from the server's.
 No single row aborts a run (raw / unknown logprobs, a temperature mismatch, greedy rows: counted
 exclusions); the run stops only past max_excluded_share, naming the cause and the fix; the sampled
 token always counts as kept; non-finite logprobs are masked token by token; realigned rows are gated

@@ -1,4 +1,4 @@
-"""The importance ratio under truncated sampling (issue 14): the trainer's old-policy log-probs use the
+"""The importance ratio under truncated sampling (docs/training.md): the trainer's old-policy log-probs use the
 transform each row's logprobs reflect, so on-policy rows sampled with Qwen3's defaults (T=0.6, top_k=20,
 top_p=0.95) give ratio 1 where the full softmax would mask every row; raw/unknown logprob modes are
 counted exclusions that stop the run with the fix past max_excluded_share; rows the trainer cannot

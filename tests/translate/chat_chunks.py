@@ -1,5 +1,5 @@
-"""Realistic upstream chat-completions streams, shaped as vLLM 0.33 and SGLang 0.5.23 send them
-(wire-formats.md): vLLM names the reasoning delta `reasoning`, puts `prompt_token_ids` on the
+"""Realistic upstream chat-completions streams, shaped as vLLM 0.32 and SGLang 0.5.23 send them
+(docs/reference.md, "Wire formats"): vLLM names the reasoning delta `reasoning`, puts `prompt_token_ids` on the
 first chunk and `token_ids` on every later one, and says `stop_reason`; SGLang names it
 `reasoning_content`, keeps `matched_stop`, and sends an `sglext` chunk before the usage chunk.
 """

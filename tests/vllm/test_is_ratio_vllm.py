@@ -1,4 +1,4 @@
-"""Importance ratios on real servers (issue 14): completions sampled with Qwen3's defaults (the tiny
+"""Importance ratios on real servers (docs/training.md): completions sampled with Qwen3's defaults (the tiny
 model's generation_config.json: T=0.6, top_k=20, top_p=0.95, applied by the server to requests that set
 none, as Pi and others send) through the real proxy, shards built by polar-recon, then the trainer
 (lr 0, TRL's default sequence_mask) forms its ratio with the truncation-aware old-policy log-probs:

@@ -1,4 +1,4 @@
-"""A vLLM started the usual way behind a proxy given no option (issue 25): the real vLLM 0.32
+"""A vLLM started the usual way behind a proxy given no option: the real vLLM 0.32
 (``stock_vllm``: its default ``--generation-config auto`` on the tiny Qwen3, whose
 generation_config.json says T=0.6, top_k=20, top_p=0.95; default raw logprobs; no
 VLLM_SERVER_DEV_MODE, so it names no weight version), requests without sampling fields, as Pi and
