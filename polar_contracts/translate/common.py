@@ -269,8 +269,8 @@ class ChatStreamReader:
 
 
 class ChatTranslator:
-    """The outline the Responses and Messages translators share (translate.py lists the
-    interface). A subclass sets ``api``, ``DROPPED`` (fields that only steer the vendor's own
+    """The outline the Responses and Messages translators share (polar_contracts/translate/__init__.py
+    lists the interface). A subclass sets ``api``, ``DROPPED`` (fields that only steer the vendor's own
     service: dropped, each noted) and ``KNOWN`` (every field it reads or drops; others are noted
     as unknown), and implements:
 

@@ -8,7 +8,8 @@ Four checks, pure text scanning of the tracked files (no imports of the product,
     Makefile and CI scripts) that the repository does not have; a bare name must be some file's
     name, a path must resolve from the repository root or from the naming file's folder;
 (c) a module path named in prose (docs, comments, docstrings) that does not exist: a path under a
-    project folder (``addon/foo.py``, ``harness_recipes/x/``, ``tests/vllm/test_capture_*.py``) or a
+    project folder (``addon/foo.py``, ``harness_recipes/x/``, ``tests/vllm/test_capture_*.py``), a
+    bare module name whose module became a package (``swebench.py`` for ``tasks/swebench/``), or a
     dotted name under a project package (``polar_recon.link``,
     ``polar_contracts.shards.SHARD_SCHEMA``: the modules must exist, and the first name after the
     last module must appear in that module's source). ``tests/`` and ``data/`` paths are checked
@@ -265,6 +266,7 @@ _ROOTS = "|".join(re.escape(r) for r in CHECKED_ROOTS + SECOND_PART_ROOTS)
 SLASH_PATH = re.compile(r"(?<![\w./@:~$-])((?:" + _ROOTS + r")/[\w./*{}<>-]*[\w/*}>])")
 _HEADS = "|".join(sorted(PACKAGES, key=len, reverse=True))
 DOTTED = re.compile(r"(?<![\w./@:-])((?:" + _HEADS + r")(?:\.[A-Za-z_]\w*)+)")
+BARE_PY = re.compile(r"(?<![\w./-])([A-Za-z_]\w*)\.py\b")
 AMBIGUOUS = ("trainer", "tests")  # also everyday variable names
 IMPORT_BEFORE = re.compile(r"(?:\bimport|\bfrom|-m)\s+$")
 
@@ -287,6 +289,14 @@ def module_path_hits(path: str, prose: str, files: frozenset[str], read=lambda p
         elif ref in files or ref in dirs:
             continue
         hits.append(Hit(path, line_of(prose, m.start()), f"names {ref}, which does not exist"))
+    # A bare module file name whose module became a package (swebench.py -> tasks/swebench/): the
+    # other bare names are as often an upstream project's files (vLLM's sampler.py).
+    packages = _package_folders(files)
+    names = _names(files)
+    for m in BARE_PY.finditer(prose):
+        if f"{m.group(1)}.py" not in names and m.group(1) in packages:
+            hits.append(Hit(path, line_of(prose, m.start()), f"names {m.group(1)}.py, which is now the package "
+                                                               f"{packages[m.group(1)]}/"))
     for m in DOTTED.finditer(prose):
         ref = m.group(1)
         if prose[m.end():m.end() + 1] in ("-", "/"):  # tests.fixtures.harness-requests: a file name
@@ -299,6 +309,14 @@ def module_path_hits(path: str, prose: str, files: frozenset[str], read=lambda p
         if why:
             hits.append(Hit(path, line_of(prose, m.start()), f"names {ref}: {why}"))
     return hits
+
+
+@functools.lru_cache(maxsize=8)
+def _package_folders(files: frozenset[str]) -> dict[str, str]:
+    """folder name -> its path, for the Python packages inside the project's packages."""
+    roots = tuple(f"{d}/" for d in PACKAGES.values())
+    return {PurePosixPath(f).parent.name: str(PurePosixPath(f).parent) for f in files
+            if f.endswith("/__init__.py") and f.startswith(roots) and f.count("/") > 1}
 
 
 def _dotted_missing(ref: str, files: frozenset[str], dirs: set[str], read, modules_only: bool = False) -> str | None:
@@ -435,7 +453,8 @@ def test_a_module_path_that_does_not_exist_is_found():
              "addon/foo.py, polar_recon/bar.py, harness_recipes/x/y.py\n"
              "polar_recon.linker and polar_recon.link.nothing_here, addon.log is a file, trl/addon/z.py\n"
              "addon/*.py addon/st*.py addon/zz*.py addon/<name>.py tests/test_x.py (a task's) tests/addon/gone.py\n"
-             "trainer.state.log_history, python -m trainer.gone, tests.fixtures.harness-requests\n")
+             "trainer.state.log_history, python -m trainer.gone, tests.fixtures.harness-requests\n"
+             "fleet.py was a module, driver.py is one, vLLM's sampler.py is upstream\n")
     hits = module_path_hits("docs/guide.md", prose, FILES | {"tests/addon/test_a.py"}, _read)
     assert [(h.line, h.what) for h in hits] == [
         (2, "names addon/foo.py, which does not exist"),
@@ -443,6 +462,7 @@ def test_a_module_path_that_does_not_exist_is_found():
         (2, "names harness_recipes/x/y.py, which does not exist"),
         (4, "names addon/zz*.py, which does not exist"),
         (4, "names tests/addon/gone.py, which does not exist"),
+        (6, "names fleet.py, which is now the package harness_recipes/fleet/"),
         (3, "names polar_recon.linker: polar_recon has no module or name linker"),
         (3, "names polar_recon.link.nothing_here: polar_recon.link has no module or name nothing_here"),
         (5, "names trainer.gone: trainer has no module or name gone"),

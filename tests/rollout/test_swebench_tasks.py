@@ -1,4 +1,5 @@
-"""Loading SWE-bench instances (swebench.py): JSONL, Parquet, a datasets dataset on disk, filters, bad rows."""
+"""Loading SWE-bench instances (harness_recipes/tasks/swebench/instances.py): JSONL, Parquet, a
+datasets dataset on disk, filters, bad rows."""
 from __future__ import annotations
 
 import json
