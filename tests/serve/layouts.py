@@ -1,8 +1,8 @@
 """Golden field layouts (key order included) of the real servers' responses.
 
-Derived by reading the pydantic models of the released sources through the code index (no GPU
-needed, but vllm/sglang cannot be installed here) and the byte-exact findings in docs/reference.md ("Wire formats"):
-- vLLM 0.33 `entrypoints/openai/chat_completion/protocol.py`: ChatCompletionResponse (id, object,
+Derived by reading the pydantic models of the released sources through the code index and the
+byte-exact findings in docs/reference.md ("Wire formats"):
+- vLLM (the 0.33.0 sources) `entrypoints/openai/chat_completion/protocol.py`: ChatCompletionResponse (id, object,
   created, model, choices, service_tier, system_fingerprint, usage, prompt_logprobs,
   prompt_token_ids, prompt_text, kv_transfer_params), ChatCompletionResponseChoice (index, message,
   logprobs, finish_reason, stop_reason, token_ids), ChatMessage (role, content, refusal,
