@@ -409,7 +409,7 @@ class ModelCalls:
         msg = flow.error.msg if flow.error else "unknown error"
         where = "mid-stream" if c.transform is not None else "before a response"
         if c.status is None:  # no answer at all: the server may have restarted (another mode)
-            self.state.invalidate_logprobs_mode(self.state.upstream_base(flow))
+            self.upstreams.forget_logprobs_mode(self.state.upstream_base(flow))
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
