@@ -25,7 +25,7 @@ class Assembler:
             if not isinstance(ch, dict):
                 continue
             i = ch.get("index", 0)
-            if not isinstance(i, int):  # (a null or odd index: choice 0, as capture.py reads it)
+            if not isinstance(i, int):  # (a null or odd index: choice 0, as call_tokens.py reads it)
                 i = 0
             c = self.choices.get(i)
             if c is None:  # (not setdefault: that would build the dict on every chunk)

@@ -1,5 +1,6 @@
-"""One model call through the proxy (sans-IO): the rewritten request, the response transform, and
-the log rows it becomes. The mitmproxy hooks in polar_addon.py only move bytes in and out."""
+"""One model call through the proxy (sans-IO): its state machine ``CallState``, the rewritten
+request, the response transform, and the log rows it becomes. The mitmproxy hooks of
+model_calls.py (``ModelCalls``) only move bytes in and out."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -23,9 +24,9 @@ from addon.server_dialects import (
 from polar_contracts.control import WEIGHT_VERSION_HEADER
 
 from . import chat, completions
-from .capture import (
+from .call_tokens import CallTokens
+from .json_style import (
     COMPACT_UTF8,
-    CallCapture,
     dumps_faithful,
     dumps_like_python,
     dumps_like_safe,
@@ -43,6 +44,16 @@ from .redact import (
     secret_values_in_bytes,
 )
 from .stream import StreamFilter, TranslatedStream
+
+if TYPE_CHECKING:  # (annotations only: the call module needs none of them at run time)
+    from polar_contracts.log.writer import PreparedRequest
+    from polar_contracts.translate.common import ChatTranslator
+
+    from .applied_sampling import ModelDefaults
+    from .idlists import PromptCache
+    from .redact import CleanRequests
+    from .weight_gate import Ticket
+    from .weight_hold import UpstreamWeights
 
 API_MODULES = {"chat": chat, "completions": completions, "responses": chat, "messages": chat, "gemini": chat}
 # Whether a raw body may name a credential key (redact.SecretKeyScan: one pass over the body).
@@ -132,21 +143,22 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 @dataclass
-class CapturedCall:
-    """One model call the proxy is capturing: what the hooks learned so far, until its rows are
-    written (the proxy keeps it in ``flow.metadata``)."""
+class CallState:
+    """One model call the proxy is capturing, from its request to its rows: what the hooks learned
+    so far, until its rows are written (the proxy keeps it in ``flow.metadata``). Its token ids and
+    logprobs accumulate in ``cap`` (call_tokens.CallTokens) once the answer starts."""
     episode_id: str
     call_index: int
-    api: str  # chat | completions | responses | messages
+    api: str  # chat | completions | responses | messages | gemini
     dialect: str
     t_start: float
     request_text: bytes | str  # UTF-8 bytes on the hot path (no 80 KB str round trip)
     model: str | None = None
     stream: bool = False
     plan: Plan | None = None
-    cap: CallCapture | None = None
-    translator: Any = None
-    transform: Any = None  # StreamFilter | TranslatedStream while streaming
+    cap: CallTokens | None = None  # the token record, from the response headers on
+    translator: ChatTranslator | None = None  # Responses / Messages / Gemini calls
+    transform: StreamFilter | TranslatedStream | None = None  # while streaming
     status: int | None = None
     t_first_byte: float | None = None
     errors: list[str] = field(default_factory=list)
@@ -155,16 +167,16 @@ class CapturedCall:
     auxiliary: bool = False
     reply: tuple[int, str] | None = None  # (status, content-type) replacing the upstream's
     header_weight_version: str | None = None  # response header x-polar-weight-version (polar-serve)
-    weight_ticket: Any = None  # weight_gate.Ticket: the version the proxy's sync history gives the call
-    weight_hold: Any = None  # weight_hold.UpstreamWeights that issued the ticket (finished with the row)
-    pending_request: tuple[bytes, Any] | None = None  # (raw, body) until request_text is computed
+    weight_ticket: Ticket | None = None  # the version the proxy's sync history gives the call
+    weight_hold: UpstreamWeights | None = None  # the upstream's gate that issued the ticket (finished with the row)
+    pending_request: tuple[bytes, Any] | None = None  # (raw, parsed JSON or UNPARSED) until request_text is computed
     secrets: list[str] = field(default_factory=list)  # values redacted from the request (scrubbed from the row)
-    prepared_request: Any = None  # logwriter.PreparedRequest, computed while the server works
+    prepared_request: PreparedRequest | None = None  # computed while the server works
     # Parsed answers and the id lists removed from them: freeing 20k Python ints costs ~0.2 ms,
     # so they are dropped after the harness has its answer (drop_trash), not on its path.
-    trash: list[Any] = field(default_factory=list)
-    prompt_cache: Any = None  # idlists.PromptCache of the proxy (None: parse every answer whole)
-    clean_requests: Any = None  # redact.CleanRequests of the proxy (None: scan every request whole)
+    trash: list[object] = field(default_factory=list)
+    prompt_cache: PromptCache | None = None  # the proxy's (None: parse every answer whole)
+    clean_requests: CleanRequests | None = None  # the proxy's (None: scan every request whole)
     max_choices: int = MAX_CHOICES
     # credentials in the request's headers and query string: scrubbed from what an upstream
     # error quotes back (error text and non-2xx answers only: a 200 answer never carries them)
@@ -174,10 +186,10 @@ class CapturedCall:
     # text, errors and notes (an agent's tool result may quote them: it ran `env`)
     known: Scrubber | None = None
     written: bool = False  # the rows are on disk (a stream's are written at its final event)
-    # the served model's sampling defaults (sampling.ModelDefaults; None: unknown, the option is unset)
-    sampling_defaults: Any = None
+    # the served model's sampling defaults (None: unknown, sampling_unknown_why says why)
+    sampling_defaults: ModelDefaults | None = None
     sampling_unknown_why: str = sampling_rules.UNKNOWN_DEFAULTS  # why sampling_defaults is None (the rows say)
-    # the row's sampling columns (sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
+    # the row's sampling columns (applied_sampling.resolve), and what the upstream's logprobs are (logprobs_probe)
     sampling: dict[str, Any] = field(default_factory=lambda: dict(sampling_rules.UNKNOWN_COLUMNS))
     sampling_unknown: tuple[str, ...] = ()  # fields recorded null: unset, and no known default
     logprobs_mode: str | None = None
@@ -186,10 +198,14 @@ class CapturedCall:
         self.trash = []
 
 
+# The former name (before CallState; scripts and tests written against it keep working).
+CapturedCall = CallState
+
+
 _HEAD_KEYS = frozenset((*REQUEST_KEYS, "model", *sampling_rules.REQUEST_KEYS))
 
 
-def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_sampling(call: CallState, body: Mapping[str, Any]) -> dict[str, Any]:
     """Record the sampling the server will apply to ``body`` on the call; returns the unset fields
     to write into the forwarded request (applied_sampling.py: so the recorded value is the applied one)."""
     r = sampling_rules.resolve(dict(body), call.sampling_defaults, call.sampling_unknown_why)
@@ -197,7 +213,7 @@ def resolve_sampling(call: CapturedCall, body: Mapping[str, Any]) -> dict[str, A
     return r.fill
 
 
-def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
+def prepare(call: CallState, raw: bytes, headers: Mapping[str, str]) -> bytes | None:
     """Parse and rewrite the request. Returns the body to send upstream, or None to pass the
     harness's request through untouched (bad JSON: the server answers it as it would directly)."""
     head = request_head(raw, _HEAD_KEYS) if call.translator is None else None
@@ -247,7 +263,7 @@ def prepare(call: CapturedCall, raw: bytes, headers: Mapping[str, str]) -> bytes
     return add_fields(raw, body, {**call.plan.added, **resolve_sampling(call, body)})
 
 
-def check_choices(call: CapturedCall) -> None:
+def check_choices(call: CallState) -> None:
     """Bound what one call may create: n choices are n rows."""
     n = call.plan.n_asked if call.plan is not None else 1
     if n > call.max_choices:
@@ -255,7 +271,7 @@ def check_choices(call: CapturedCall) -> None:
                              f"(polar_max_choices={call.max_choices}); ask for fewer, or raise the option")
 
 
-def finish_request_text(call: CapturedCall) -> None:
+def finish_request_text(call: CallState) -> None:
     """The request text for the log (secrets redacted), if prepare() left it to later."""
     if call.pending_request is not None:
         raw, body = call.pending_request
@@ -266,17 +282,17 @@ def finish_request_text(call: CapturedCall) -> None:
                                                           call.secrets))
 
 
-def _known(call: CapturedCall, text: bytes) -> bytes:
+def _known(call: CallState, text: bytes) -> bytes:
     return text if call.known is None else call.known(text)
 
 
-def start_response(call: CapturedCall, status: int, content_type: str) -> Any:
+def start_response(call: CallState, status: int, content_type: str) -> StreamFilter | TranslatedStream | None:
     """At the response headers: the stream transform to install, or None (read whole body)."""
     call.status = status
     call.t_first_byte = time.time()
     if call.plan is None or not (200 <= status < 300) or "text/event-stream" not in content_type:
         return None
-    call.cap = CallCapture(call.plan)
+    call.cap = CallTokens(call.plan)
     mod = API_MODULES["chat" if call.translator is not None else call.api]
     if call.translator is not None:
         call.transform = TranslatedStream(call.cap, mod.extract, call.translator, mod.Assembler())
@@ -287,7 +303,7 @@ def start_response(call: CapturedCall, status: int, content_type: str) -> Any:
     return call.transform
 
 
-def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
+def finish_body(call: CallState, status: int, body: bytes) -> bytes | None:
     """A whole (non-streamed) response: returns the bytes for the harness, or None if unchanged."""
     call.status = status
     if call.t_first_byte is None:
@@ -319,7 +335,7 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
         call.errors.append("response is not a JSON object; passed through")
         call.response_text = body
         return None
-    call.cap = CallCapture(call.plan)
+    call.cap = CallTokens(call.plan)
     mod = API_MODULES["chat" if call.translator is not None else call.api]
     mod.extract(call.cap, obj)
     # hold what stripping takes out (see trash): the top level and each choice, shallowly
@@ -344,7 +360,7 @@ def finish_body(call: CapturedCall, status: int, body: bytes) -> bytes | None:
     return None
 
 
-def stream_final(call: CapturedCall, ended: bool = True) -> None:
+def stream_final(call: CallState, ended: bool = True) -> None:
     """At the stream's final event ([DONE], or the end of a stream without it): what the row
     needs from the stream, taken now (the row is written before the harness gets that end).
     ``ended``: the server ended the stream (not a connection error)."""
@@ -356,7 +372,7 @@ def stream_final(call: CapturedCall, ended: bool = True) -> None:
     call.response_text = t.response_text()
 
 
-def finish_stream(call: CapturedCall, error: str | None = None) -> None:
+def finish_stream(call: CallState, error: str | None = None) -> None:
     """The stream ended (completely, or with ``error``)."""
     t = call.transform
     if t is None:
@@ -370,7 +386,7 @@ def finish_stream(call: CapturedCall, error: str | None = None) -> None:
     call.transform = None
 
 
-def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
+def rows(call: CallState, t_end: float, error: str | None = None) -> list[dict[str, Any]]:
     """The log rows of a finished call: one per choice (one with no ids if nothing came back)."""
     finish_request_text(call)
     errors = list(call.errors)
@@ -420,7 +436,7 @@ def rows(call: CapturedCall, t_end: float, error: str | None = None) -> list[dic
 
 
 
-def weight_version(call: CapturedCall, notes: list[str]) -> str | None:
+def weight_version(call: CallState, notes: list[str]) -> str | None:
     """The policy version that generated this call. A call in flight while the proxy had the server
     load new weights carries the spanning marker (polar_contracts.weight_versions), whatever the server
     says. Otherwise the server's own word wins: SGLang's ``meta_info.weight_version`` (per request),

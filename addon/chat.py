@@ -6,10 +6,10 @@ from array import array
 from typing import Any
 
 from . import assemble
-from .capture import CallCapture
+from .call_tokens import CallTokens
 
 
-def extract(cap: CallCapture, obj: dict) -> None:
+def extract(cap: CallTokens, obj: dict) -> None:
     """Take ids/logprobs out of one chat response object or stream chunk (before stripping).
     Runs once per stream chunk: plain ``get`` + ``isinstance`` only, no helper calls per key."""
     get = obj.get

@@ -7,10 +7,10 @@ from array import array
 from typing import Any
 
 from . import assemble
-from .capture import CallCapture
+from .call_tokens import CallTokens
 
 
-def extract(cap: CallCapture, obj: dict) -> None:
+def extract(cap: CallTokens, obj: dict) -> None:
     choices = obj.get("choices")
     if not isinstance(choices, list):
         return

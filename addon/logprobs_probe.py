@@ -24,6 +24,7 @@ The one I/O edge, `probe_upstream`, sends the two requests (urllib on a worker t
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import urllib.error
@@ -100,7 +101,7 @@ class _Entry:
     known: bool = False  # a probe finished (mode may still be None: it could not tell)
     failures: int = 0
     retry_at: float = 0.0  # after a failure: no new probe before this time
-    task: Any = None  # the probe in flight (an asyncio task), shared by every call waiting for it
+    task: asyncio.Future[None] | None = None  # the probe in flight, shared by every call waiting for it
     generation: int = 0  # bumped by invalidate: a probe started before it does not count
 
 
@@ -123,7 +124,7 @@ class ModeCache:
         e = self.entry(base)
         return not e.known and e.task is None and now >= e.retry_at
 
-    def started(self, base: str, task: Any) -> int:
+    def started(self, base: str, task: asyncio.Future[None]) -> int:
         """A probe of ``base`` is now in flight; returns the generation to hand to `done`."""
         e = self.entry(base)
         e.task = task

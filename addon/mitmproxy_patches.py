@@ -1,72 +1,20 @@
 """Every change the capture addon makes to mitmproxy itself or to its process, in one module.
 
-Target: **mitmproxy 11.0.x** (setup.cfg pins 11.0.2). Each patch below touches internals that are
-not mitmproxy's public addon API. Before it changes anything, a patch checks that this is the
-mitmproxy it was written for and that every attribute it touches is there; if not, it logs a
-warning (logger ``polar``) saying which patch, what is missing or which version was found, and
-leaves mitmproxy as it is. The proxy then runs as stock mitmproxy would: never a silent skip,
-never a crash. Each patch has an option that turns it off (the benchmark's "stock" path).
+Target: mitmproxy 11.0.x (setup.cfg pins 11.0.2). Each patch that touches mitmproxy internals
+first checks the version and every attribute it touches; if either is off it logs a warning
+(logger ``polar``) naming the patch and what is missing, and leaves mitmproxy as it is: never a
+silent skip, never a crash. Options turn the first three off (the benchmark's "stock" path):
 
-- **fast dispatch** (option ``polar_fast_dispatch``, default true). Touches
-  ``AddonManager.trigger_event`` and ``AddonManager.trigger`` (replaced on the manager instance),
-  ``AddonManager.chain`` (read at every event), ``mitmproxy.addonmanager.safecall`` (its error
-  lines). Changes how events reach addons: the same calls in the same order, without mitmproxy's
-  per-addon generator overhead. Other version or missing attribute: warning, mitmproxy's dispatch.
-- **listen backlog** (option ``polar_listen_backlog``, default 1024). Touches the ``proxyserver``
-  addon's ``servers``, each server instance's private ``_servers`` (its list of
-  ``asyncio.Server``), their ``sockets``. Changes the accept-queue length of the listening sockets
-  (``listen(backlog)`` again; mitmproxy's is 100). Other version or missing attribute: warning,
-  mitmproxy's backlog.
-- **gc freeze** (option ``polar_gc_freeze``, default true). Touches nothing of mitmproxy's: the
-  process's garbage collector, ``gc.collect(); gc.freeze()`` once the proxy runs. Needs no
-  version check.
-- **quiet shutdown** (always on). Touches the process's ``asyncio`` logger, not mitmproxy: a
-  logging filter that drops exactly one report, CPython 3.11's "Exception in callback" with a
-  ``CancelledError`` raised by ``asyncio/streams.py``'s ``client_connected_cb`` done-callback
-  (``task.exception()`` on a task cancelled when a connection is cut at exit; fixed in 3.12).
-  A SIGTERM during a stream printed one such traceback per open connection; every other report
-  is logged as before.
+- fast dispatch (``polar_fast_dispatch``): ``AddonManager.trigger_event`` / ``trigger`` replaced
+  on the manager instance by plain loops making the same calls in the same order;
+- listen backlog (``polar_listen_backlog``): ``listen(backlog)`` again on mitmproxy's listening
+  sockets (its own is 100);
+- gc freeze (``polar_gc_freeze``): ``gc.collect(); gc.freeze()`` once the proxy runs;
+- quiet shutdown (always on): a filter on the ``asyncio`` logger for CPython 3.11's one spurious
+  CancelledError report per connection cut at exit.
 
+What each touches, why, and how it is tested: docs/capture.md, "Changes to mitmproxy itself".
 Measured in bench/bench_proxy.py (docs/benchmarks/proxy.md).
-
-**Fast dispatch.** mitmproxy delivers every event by walking all ~35 addons of a mitmdump: for
-each one a generator-based ``safecall()`` context manager, an ``invoke_addon`` coroutine and two
-nested generators (``_iter_hooks``, ``traverse``), even for the ~30 addons that have no method
-for the event. Each flow goes through four lifecycle events (requestheaders, request,
-responseheaders, response), and after each one an ``update`` event to all addons again: ~0.2 ms
-of pure dispatch per event here, ~0.6 ms a call, more than the capture addon's own work.
-``install_fast_dispatch`` replaces ``trigger_event`` and ``trigger`` on one AddonManager
-*instance* with plain loops that do the same thing:
-
-- addons in chain order, each followed by its children depth first (mitmproxy's script loader,
-  its scripts, their ``addons`` lists), each one's method looked up at every event (nothing is
-  cached, so addons added, removed or reloaded take effect as before);
-- an exception in one addon is logged through mitmproxy's ``safecall`` and the next top-level
-  addon runs (the rest of the failing one's tree is skipped, as in mitmproxy);
-  ``AddonHalt`` stops the event, ``OptionsError`` propagates;
-- awaitables returned by a hook are awaited (``trigger_event``); a coroutine function reached by
-  the synchronous ``trigger`` is an error, as in mitmproxy.
-
-tests/addon/test_mitmproxy_patches.py runs both dispatchers over the same addon chains and
-compares every call, error and log line. It reproduces 11.0.x's dispatch only: on another
-version the patch is skipped (warning). ``uninstall_fast_dispatch`` gives mitmproxy's methods
-back (option ``polar_fast_dispatch=false``).
-
-**Listen backlog.** mitmproxy listens through ``asyncio.start_server``, whose backlog is 100. A
-rollout node opening 256 connections at once overflows it while the event loop is busy; the
-kernel then drops the handshake's last ACK and the harness's first bytes get a reset
-("connection reset by peer"). Calling ``listen()`` again on a listening socket only changes its
-backlog (Linux, BSD, macOS), so the proxy keeps its sockets and mitmproxy its servers. The
-sockets are reached through ``ServerInstance._servers`` (private); without it the patch is
-skipped with a warning.
-
-**gc freeze.** Every full collection of the cyclic garbage collector walks every object alive,
-~100k of them after mitmproxy's start-up (its addons, option tables, certificate store), while
-the objects a call creates (parsed JSON, id lists) are acyclic and freed by reference counting
-anyway. ``gc.freeze()`` once the proxy runs moves the start-up objects out of the collector's
-sight, so collections cost what the calls in flight cost. Nothing is leaked: frozen objects are
-the ones that live for the whole process. It touches no mitmproxy internals and needs no version
-check; it is here because it is the addon's only other process-level change.
 """
 from __future__ import annotations
 
@@ -118,14 +66,25 @@ _MARK = "_polar_fast_dispatch"
 _DONE = object()
 
 
-def _not_callable(name: str, addon) -> exceptions.AddonManagerError:
-    return exceptions.AddonManagerError(f"Addon handler {name} ({addon}) not callable")
+def _hook(attr: object, name: str, addon: object) -> bool:
+    """An addon attribute named like the event that is not callable (the loops call ``callable``
+    first, inline): a module is skipped (False), anything else is an error, as in mitmproxy."""
+    if isinstance(attr, types.ModuleType):
+        return False
+    raise exceptions.AddonManagerError(f"Addon handler {name} ({addon}) not callable")
 
 
-def _log_addon_error() -> None:
-    """mitmproxy's error line for a failing addon (its ``safecall``), for the exception being
-    handled; the event goes on with the next top-level addon. (The two dispatch loops below are
-    the async and sync versions of one loop: Python cannot share a body across the two.)"""
+def _stops_event(exc: Exception) -> bool:
+    """What both dispatch loops do with an exception out of an addon's tree, as mitmproxy does:
+    ``AddonHalt`` stops the event (True), ``OptionsError`` propagates, anything else gets
+    mitmproxy's error line (its ``safecall``) and the event goes on with the next top-level addon
+    (False). Called in the ``except`` block (``raise`` re-raises the exception being handled).
+    (The two loops are the async and sync versions of one loop: Python cannot share a body across
+    the two, so they share this and ``_hook``.)"""
+    if isinstance(exc, exceptions.AddonHalt):
+        return True
+    if isinstance(exc, exceptions.OptionsError):
+        raise  # (the exception being handled, with its traceback)
     with safecall():
         raise
 
@@ -165,20 +124,14 @@ def install_fast_dispatch(manager, mitmproxy_at: str | None = None) -> bool:
                 a, stack = top, None
                 while a is not _DONE:  # top, then its tree depth first, as mitmproxy's traverse()
                     func = getattr(a, name, None)
-                    if func:
-                        if callable(func):
-                            res = func(*args)
-                            if res is not None and inspect.isawaitable(res):
-                                await res
-                        elif not isinstance(func, types.ModuleType):  # (a module named like a hook is skipped)
-                            raise _not_callable(name, a)
+                    if func and (callable(func) or _hook(func, name, a)):
+                        res = func(*args)
+                        if res is not None and inspect.isawaitable(res):
+                            await res
                     a, stack = _next(a, stack)
-            except exceptions.AddonHalt:
-                return
-            except exceptions.OptionsError:
-                raise
-            except Exception:
-                _log_addon_error()
+            except Exception as exc:
+                if _stops_event(exc):
+                    return
 
     def trigger(event) -> None:
         name = event.name
@@ -188,21 +141,15 @@ def install_fast_dispatch(manager, mitmproxy_at: str | None = None) -> bool:
                 a, stack = top, None
                 while a is not _DONE:
                     func = getattr(a, name, None)
-                    if func:
-                        if callable(func):
-                            if inspect.iscoroutinefunction(func):
-                                raise exceptions.AddonManagerError(
-                                    f"Async handler {name} ({a}) cannot be called from sync context")
-                            func(*args)
-                        elif not isinstance(func, types.ModuleType):
-                            raise _not_callable(name, a)
+                    if func and (callable(func) or _hook(func, name, a)):
+                        if inspect.iscoroutinefunction(func):
+                            raise exceptions.AddonManagerError(
+                                f"Async handler {name} ({a}) cannot be called from sync context")
+                        func(*args)
                     a, stack = _next(a, stack)
-            except exceptions.AddonHalt:
-                return
-            except exceptions.OptionsError:
-                raise
-            except Exception:
-                _log_addon_error()
+            except Exception as exc:
+                if _stops_event(exc):
+                    return
 
     manager.trigger_event = trigger_event
     manager.trigger = trigger

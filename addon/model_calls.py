@@ -1,35 +1,34 @@
-"""Model calls: capture each call's token ids and logprobs into its episode's log (mitmproxy addon).
+"""Model calls: capture each call's token ids and logprobs into its episode's log (the mitmproxy
+addon ``ModelCalls``).
 
 access.py has already decided the request is a model-API call of a known episode (or the model
-listing) and may pass; this addon rewrites it (call.py: the flags that return ids), waits while a
-weight sync holds the upstream (weight_hold.py), and writes the call's rows when the answer is
+listing) and may pass; this addon learns what the upstream is (upstream.py: its dialect, sampling
+defaults and logprobs mode), rewrites the request (call.py: the flags that return ids), waits while
+a weight sync holds the upstream (weight_hold.py), and writes the call's rows when the answer is
 complete. The protocol logic lives in sans-IO modules (server_dialects, sse, stream, chat,
-completions, call, redact); episode files in open_logs.py.
+completions, call, call_tokens, redact); episode files in open_logs.py.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 import urllib.parse
-import urllib.request
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from addon import call as calls
-from addon.applied_sampling import GenerationConfigError, ModelDefaults, load_generation_config
+from addon.applied_sampling import GenerationConfigError, load_generation_config
 from addon.idlists import PromptCache
-from addon.logprobs_probe import PROBE_TIMEOUT, probe_upstream
+from addon.logprobs_probe import PROBE_TIMEOUT
 from addon.open_logs import MAX_EPISODES, MAX_OPEN, EpisodeFinished, Episodes, TooManyEpisodes
 from addon.proxy_state import CALL, DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, MODEL, MODELS, RouteError, api_of, check_episode_id
-from addon.sampling_discovery import FIX as DISCOVERY_FIX
-from addon.sampling_discovery import RETRY_S as DISCOVERY_RETRY_S
-from addon.sampling_discovery import Discovery, discover
-from addon.server_dialects import DIALECTS, dialect_from_models
+from addon.server_dialects import DIALECTS
+from addon.upstream import LOGPROBS_MODES, Upstreams
 from addon.weight_hold import HoldTimeout
 from polar_contracts.log.table import LogError
 from polar_contracts.log.writer import warm_up
@@ -39,7 +38,7 @@ log = logging.getLogger("polar")
 META = CALL
 
 
-def _api_error(c: calls.CapturedCall, status: int, message: str) -> http.Response:
+def _api_error(c: calls.CallState, status: int, message: str) -> http.Response:
     """An answer the proxy gives itself, in the harness's API's error shape."""
     if c.translator is not None:
         body, ctype = c.translator.error_body(status, message)
@@ -90,40 +89,30 @@ def check_logdir(logdir: str) -> str:
     return real
 
 
-def probe_dialect(base_url: str, timeout: float = 5.0) -> str | None:
-    """GET /v1/models on the upstream and read owned_by (see server_dialects.py)."""
-    try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=timeout) as r:
-            return dialect_from_models(json.loads(r.read()))
-    except Exception as exc:  # noqa: BLE001 - any failure means "unknown"
-        log.warning("polar: dialect probe of %s failed: %s", base_url, exc)
-        return None
+class ModelCalls:
+    """The mitmproxy addon that captures model calls: its options, and the hooks that carry each
+    call's call.CallState from its request to its rows."""
 
-
-class Capture:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
-        self._auto: dict[str, str] = {}
         self.prompt_cache = PromptCache()  # each episode's last prompt id list (idlists.py)
         # each episode's last request without secret keys (redact.py): the next scan reads the change
         self.clean_requests = CleanRequests(calls.SECRET_KEY_RE, calls.SECRET_MATCH_MAX)
         # flows with a call in flight (SIGTERM: their rows go in before the pending end records)
         self._live: dict[int, http.HTTPFlow] = {}
-        # sampling defaults of the served model (applied_sampling.py; None: polar_generation_config unset)
-        self.sampling_defaults = None
-        # without the option: what each upstream said it serves (sampling_discovery.py), with the time
-        # after which an indefinite answer (the server could not be asked) is asked again; and the
-        # discoveries in flight, shared by the calls that wait for them
-        self._discovered: dict[str, tuple[Discovery, float]] = {}
-        self._discovering: dict[str, asyncio.Future] = {}
-        self._warned_unknown_sampling = False
 
     @property
     def episodes(self) -> Episodes | None:
         return self.state.episodes
 
+    @property
+    def upstreams(self) -> Upstreams:
+        """What each upstream server is (upstream.py), shared with the other addons (weight syncs
+        forget logprobs modes)."""
+        return self.state.upstreams
+
     # -- options ----------------------------------------------------------------------------------
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option("polar_logdir", str, "", "Directory for episode logs (<episode_id>.arrow). Required.")
         loader.add_option("polar_dialect", str, "auto",
                           "Inference server dialect: vllm | sglang | auto (ask the server's /v1/models owned_by).")
@@ -159,12 +148,17 @@ class Capture:
                           "for its probe (a row is never written before its mode is known); a probe that fails or "
                           "times out records null, with a warning, and is retried later.")
 
-    def configure(self, updated) -> None:
+    def configure(self, updated: set[str]) -> None:
         o = ctx.options
-        if "polar_probe_timeout_s" in updated and not o.polar_probe_timeout_s > 0:
-            raise exceptions.OptionsError(f"polar_probe_timeout_s must be > 0 seconds, not {o.polar_probe_timeout_s}")
-        if "polar_dialect" in updated and o.polar_dialect not in (*DIALECTS, "auto"):
-            raise exceptions.OptionsError(f"polar_dialect must be vllm, sglang or auto, not {o.polar_dialect!r}")
+        ups = self.upstreams
+        if "polar_probe_timeout_s" in updated:
+            if not o.polar_probe_timeout_s > 0:
+                raise exceptions.OptionsError(f"polar_probe_timeout_s must be > 0 seconds, not {o.polar_probe_timeout_s}")
+            ups.probe_timeout_s = o.polar_probe_timeout_s
+        if "polar_dialect" in updated:
+            if o.polar_dialect not in (*DIALECTS, "auto"):
+                raise exceptions.OptionsError(f"polar_dialect must be vllm, sglang or auto, not {o.polar_dialect!r}")
+            ups.dialect_option = o.polar_dialect
         if "polar_episode" in updated:
             try:
                 check_episode_id(o.polar_episode, "option polar_episode")
@@ -178,20 +172,20 @@ class Capture:
         if "polar_max_episodes" in updated and self.episodes is not None:
             self.episodes.max_episodes = o.polar_max_episodes
         if "polar_generation_config" in updated:
-            self.sampling_defaults = None
+            ups.sampling_option = None
             if o.polar_generation_config:
                 try:
-                    self.sampling_defaults = load_generation_config(o.polar_generation_config)
+                    ups.sampling_option = load_generation_config(o.polar_generation_config)
                 except GenerationConfigError as exc:
                     raise exceptions.OptionsError(str(exc)) from None
         if "polar_logprobs_mode" in updated:
-            if o.polar_logprobs_mode not in ("auto", "processed", "raw", "scaled", "unknown"):
+            if o.polar_logprobs_mode not in LOGPROBS_MODES:
                 raise exceptions.OptionsError("polar_logprobs_mode must be auto, processed, raw, scaled or unknown, "
                                               f"not {o.polar_logprobs_mode!r}")
-            self.state.invalidate_logprobs_mode()
+            ups.logprobs_mode_option = o.polar_logprobs_mode
+            ups.forget_logprobs_mode()
         if "polar_upstream" in updated:
-            self.state.invalidate_logprobs_mode()
-            self._discovered.clear()
+            ups.forget()  # another server: its identity is learned again
             self.state.upstream = None
             if o.polar_upstream:
                 u = urllib.parse.urlsplit(o.polar_upstream)
@@ -236,8 +230,8 @@ class Capture:
             flow.response = error_response(503, _storage_message(exc))
             return
         try:
-            dialect = await self._dialect(flow)
-            c = calls.CapturedCall(r.episode_id, call_index, api, dialect, t_start, b"")
+            dialect = await self.upstreams.dialect(f"{req.scheme}://{req.host}:{req.port}")
+            c = calls.CallState(r.episode_id, call_index, api, dialect, t_start, b"")
             c.translator = translator
             c.prompt_cache = self.prompt_cache
             c.clean_requests = self.clean_requests
@@ -245,13 +239,14 @@ class Capture:
             c.header_secrets = credential_values(req.headers.fields, path)
             self.state.credentials.learn(c.header_secrets)
             c.known = self.state.credentials.scrubber((r.mac,) if r.mac else ())
-            c.sampling_defaults, c.sampling_unknown_why = await self._sampling_defaults(flow, dialect)
+            base, asking = self.state.upstream_base(flow), self._probe_headers(flow)
+            c.sampling_defaults, c.sampling_unknown_why = await self.upstreams.sampling_defaults(base, dialect, asking)
             ok = self._prepare(flow, c, heads)
             if ok:
                 ok = await self._gate(flow, c)
             if ok:
-                self._warn_unknown_sampling(c)
-                c.logprobs_mode = await self._logprobs_mode(flow, c)
+                self.upstreams.warn_unknown_sampling(c.sampling_unknown, c.sampling_unknown_why)
+                c.logprobs_mode = await self.upstreams.logprobs_mode(base, c.model, asking)
         except BaseException:  # (a bug) the call must not stay in flight: an end would wait forever
             self.episodes.call_done(r.episode_id)
             raise
@@ -263,7 +258,7 @@ class Capture:
         else:
             self._write(c)
 
-    def _prepare(self, flow: http.HTTPFlow, c: calls.CapturedCall, heads: dict[str, str]) -> bool:
+    def _prepare(self, flow: http.HTTPFlow, c: calls.CallState, heads: dict[str, str]) -> bool:
         """Rewrite the request; False when the proxy answered it itself (the row is final)."""
         req = flow.request
         encoded = heads.get("content-encoding", "identity").lower() not in ("", "identity")
@@ -314,7 +309,7 @@ class Capture:
             req.headers["accept-encoding"] = "identity"
         return True
 
-    async def _gate(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> bool:
+    async def _gate(self, flow: http.HTTPFlow, c: calls.CallState) -> bool:
         """Wait while a weight sync holds the upstream; False when the proxy answered (503)."""
         uw = await self.state.weights(self.state.upstream_base(flow))
         try:
@@ -327,84 +322,16 @@ class Capture:
         c.weight_hold = uw
         return True
 
-    # -- sampling and logprobs mode (applied_sampling.py, sampling_discovery.py, logprobs_probe.py) ----------
-    async def _sampling_defaults(self, flow: http.HTTPFlow, dialect: str) -> tuple[ModelDefaults | None, str]:
-        """The served model's sampling defaults and, when unknown, why: the option's, else what the
-        upstream says it serves (asked once per upstream; the calls that arrive meanwhile wait for
-        the answer, so no row is recorded before it: the first rows must not differ from the rest)."""
-        if self.sampling_defaults is not None:
-            return self.sampling_defaults, ""
-        base = self.state.upstream_base(flow)
-        found = self._discovered.get(base)
-        if found is not None and (found[0].definite or time.monotonic() < found[1]):
-            return found[0].defaults, found[0].why
-        task = self._discovering.get(base)
-        if task is None:
-            key = ctx.options.polar_server_api_key
-            auth = f"Bearer {key}" if key else flow.request.headers.get("authorization")
-            headers = {"Authorization": auth} if auth else {}
-            task = self._discovering[base] = asyncio.ensure_future(
-                asyncio.to_thread(discover, base, dialect, None, headers))
-            task.add_done_callback(lambda t, b=base: self._discovered_now(b, t))
-        d = await asyncio.shield(task)
-        return d.defaults, d.why
+    def _probe_headers(self, flow: http.HTTPFlow) -> dict[str, str]:
+        """The headers of the proxy's identity requests to the upstream (upstream.py): the server's
+        key, the option's, else the harness's own (a discovery or probe is one more model-API
+        request on the harness's behalf, to a server started with --api-key; never a privileged
+        one)."""
+        key = ctx.options.polar_server_api_key
+        auth = f"Bearer {key}" if key else flow.request.headers.get("authorization")
+        return {"Authorization": auth} if auth else {}
 
-    def _discovered_now(self, base: str, task: asyncio.Future) -> None:
-        self._discovering.pop(base, None)
-        d = task.result() if not task.cancelled() and task.exception() is None else Discovery(
-            None, f"sampling discovery failed ({task.exception() if not task.cancelled() else 'cancelled'}): "
-                  f"{DISCOVERY_FIX}", definite=False)
-        self._discovered[base] = (d, time.monotonic() + DISCOVERY_RETRY_S)
-        if d.defaults is not None:
-            log.info("polar: sampling defaults of %s: %s (%s)", base, d.defaults.values, d.defaults.origin)
-        else:
-            log.warning("polar: the sampling defaults of %s are unknown: %s. Rows record the fields a request "
-                        "leaves unset as null, with this reason in sampling_source.", base, d.why)
-
-    def _warn_unknown_sampling(self, c: calls.CapturedCall) -> None:
-        if c.sampling_unknown and not self._warned_unknown_sampling:
-            self._warned_unknown_sampling = True
-            log.warning("polar: a request leaves %s unset and the server's defaults for them are unknown (%s): rows "
-                        "record them as null (unknown). Set --set polar_generation_config=<model dir> (or 'none').",
-                        ", ".join(c.sampling_unknown), c.sampling_unknown_why)
-
-    async def _logprobs_mode(self, flow: http.HTTPFlow, c: calls.CapturedCall) -> str | None:
-        """The upstream's logprobs mode: probed once per upstream; the calls that arrive while the
-        probe is in flight wait for it (bounded by polar_probe_timeout_s per probe request)."""
-        opt = ctx.options.polar_logprobs_mode
-        if opt != "auto":
-            return None if opt == "unknown" else opt
-        base = self.state.upstream_base(flow)
-        cache = self.state.logprobs_modes
-        if cache.should_probe(base, time.monotonic()):
-            # the server's key: the option's, else the harness's own (the probe is one more model
-            # call on the harness's behalf, a server started with --api-key; never a privileged one)
-            key = ctx.options.polar_server_api_key
-            auth = f"Bearer {key}" if key else flow.request.headers.get("authorization")
-            headers = {"Authorization": auth} if auth else {}
-            cache.started(base, asyncio.ensure_future(self._probe(base, c.model, headers)))
-        task = cache.entry(base).task
-        if task is not None:
-            # Held until the probe answers (the server is then idle but for the probe, and a cold
-            # server's first answers may take long): a row recorded before its mode is known would
-            # carry null, and a run's first rows would disagree with its later ones.
-            await asyncio.shield(task)
-        return cache.mode(base)
-
-    async def _probe(self, base: str, model: str | None, headers: dict[str, str]) -> None:
-        generation = self.state.logprobs_modes.entry(base).generation
-        mode = None
-        try:
-            mode = await asyncio.to_thread(probe_upstream, base, model, ctx.options.polar_probe_timeout_s, headers)
-            if mode is None:
-                log.warning("polar: the logprobs-mode probe of %s could not tell processed, raw or scaled: rows "
-                            "record logprobs_mode null until a later probe can (or set polar_logprobs_mode)", base)
-        except Exception as exc:  # noqa: BLE001 - any failure means "unknown", retried later
-            log.warning("polar: the logprobs-mode probe of %s failed (%s: %s): rows record logprobs_mode null "
-                        "until a later probe succeeds", base, type(exc).__name__, exc)
-        self.state.logprobs_modes.done(base, generation, mode, time.monotonic())
-
-    def _after_send(self, c: calls.CapturedCall) -> None:
+    def _after_send(self, c: calls.CallState) -> None:
         """The request's log text (secret scan), then its delta against the episode's previous
         request, packed: both off the answer's path (an episode's first call packs ~80 KB)."""
         try:
@@ -427,22 +354,8 @@ class Capture:
         flow.request.path = base + flow.request.path
         flow.request.headers["host"] = u.netloc
 
-    async def _dialect(self, flow: http.HTTPFlow) -> str:
-        opt = ctx.options.polar_dialect
-        if opt != "auto":
-            return opt
-        base = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
-        d = self._auto.get(base)
-        if d is None:
-            found = await asyncio.to_thread(probe_dialect, base)
-            d = found or "vllm"
-            if found is None:
-                log.warning("polar: could not tell the dialect of %s from /v1/models; using vllm", base)
-            self._auto[base] = d
-        return d
-
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        c: calls.CapturedCall | None = flow.metadata.get(META)
+        c: calls.CallState | None = flow.metadata.get(META)
         if c is None or flow.response is None:
             return
         c.header_weight_version = flow.response.headers.get(calls.WEIGHT_VERSION_HEADER)
@@ -452,7 +365,7 @@ class Capture:
             flow.response.stream = transform
             flow.response.headers.pop("content-length", None)  # the filter changes the length
 
-    def _final(self, c: calls.CapturedCall) -> str | None:
+    def _final(self, c: calls.CallState) -> str | None:
         """A stream's final event ([DONE]) arrived: its row is written before the harness gets
         it (stream.py). Returns why the row could not be written (the harness gets an error
         event instead of [DONE]), or None."""
@@ -460,7 +373,7 @@ class Capture:
         return self._write(c)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        c: calls.CapturedCall | None = flow.metadata.pop(META, None)
+        c: calls.CallState | None = flow.metadata.pop(META, None)
         self._live.pop(id(flow), None)
         if c is None:
             return
@@ -489,18 +402,18 @@ class Capture:
             asyncio.get_running_loop().call_soon(c.drop_trash)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        c: calls.CapturedCall | None = flow.metadata.pop(META, None)
+        c: calls.CallState | None = flow.metadata.pop(META, None)
         self._live.pop(id(flow), None)
         if c is None:
             return
         msg = flow.error.msg if flow.error else "unknown error"
         where = "mid-stream" if c.transform is not None else "before a response"
         if c.status is None:  # no answer at all: the server may have restarted (another mode)
-            self.state.invalidate_logprobs_mode(self.state.upstream_base(flow))
+            self.upstreams.forget_logprobs_mode(self.state.upstream_base(flow))
         calls.finish_stream(c, error=msg)
         self._write(c, error=f"connection failed {where}: {msg}")
 
-    def _write(self, c: calls.CapturedCall, error: str | None = None) -> str | None:
+    def _write(self, c: calls.CallState, error: str | None = None) -> str | None:
         """Write the call's rows (once). Returns None when they are on disk, else why not: the
         caller must not answer the call as a success (the episode is marked incomplete)."""
         if c.written:

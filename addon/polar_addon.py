@@ -9,7 +9,8 @@ proxy_state.ProxyState. mitmproxy calls them in this order for every request:
   capability, the model-API allowlist, body bounds); refusals answered and logged to refused.jsonl;
 - control_plane.ControlPlane: ``POST /polar/<id>/end``;
 - weight_sync.WeightSync: ``/polar/@weights``, ``/hold``, ``/release``;
-- model_calls.Capture: the model calls, recorded into their episode's log;
+- model_calls.ModelCalls: the model calls, recorded into their episode's log (what each upstream
+  server is: upstream.Upstreams, in the shared state);
 - mitmproxy_patches.Tuning and FastDispatch: changes to mitmproxy itself.
 
 Security: with ``polar_control_secret_file`` set, only a holder of the secret can end episodes or
@@ -29,7 +30,7 @@ except ImportError as exc:  # loaded by path (mitmdump -s) in a Python where the
 from addon.access import Access
 from addon.control_plane import ControlPlane
 from addon.mitmproxy_patches import FastDispatch, Tuning
-from addon.model_calls import Capture
+from addon.model_calls import ModelCalls
 from addon.proxy_state import ProxyState
 from addon.weight_sync import WeightSync
 
@@ -38,7 +39,7 @@ def make_addons() -> list:
     """A fresh set of the proxy's addons around one shared state."""
     state = ProxyState()
     access = Access(state)
-    return [access, ControlPlane(state, access), WeightSync(state, access), Capture(state), Tuning(), FastDispatch()]
+    return [access, ControlPlane(state, access), WeightSync(state, access), ModelCalls(state), Tuning(), FastDispatch()]
 
 
 addons = make_addons()

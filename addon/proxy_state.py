@@ -1,6 +1,7 @@
 """What the proxy's addons share (addon/polar_addon.py composes them): the episode logs, the
-upstream and its weight gate, the logprobs-mode cache, the control secret, the credentials to
-scrub from logs, and the answers the proxy gives itself.
+upstream and its weight gate, what each upstream server is (upstream.Upstreams: dialect, sampling
+defaults, logprobs mode), the control secret, the credentials to scrub from logs, and the answers
+the proxy gives itself.
 
 One instance per proxy process; each addon (access.py, control_plane.py, weight_sync.py,
 model_calls.py) holds it and owns the options of its own concern.
@@ -15,17 +16,17 @@ import urllib.parse
 
 from mitmproxy import ctx, http
 
-from addon.logprobs_probe import ModeCache
 from addon.open_logs import Episodes
 from addon.redact import Credentials
 from addon.refused import RefusedLog
+from addon.upstream import Upstreams
 from addon.weight_hold import UpstreamWeights
 
 log = logging.getLogger("polar")
 
 ROUTE = "polar_route"  # flow.metadata key: the request's routing.Route, set by access.Access
 DECODED_BODY = "polar_decoded_body"  # flow.metadata: a compressed request body, decoded within its bound (access.py)
-CALL = "polar_call"  # flow.metadata key: the model call being captured (call.CapturedCall)
+CALL = "polar_call"  # flow.metadata key: the model call being captured (call.CallState)
 
 
 def json_response(status: int, obj: dict) -> http.Response:
@@ -45,7 +46,7 @@ class ProxyState:
         self.refused = RefusedLog()  # LOGDIR/refused.jsonl
         self.weights_of: dict[str, UpstreamWeights] = {}  # each upstream's gate and version (weight_hold.py)
         self.weights_lock: asyncio.Lock | None = None
-        self.logprobs_modes = ModeCache()  # each upstream's logprobs mode (logprobs_probe.py)
+        self.upstreams = Upstreams()  # each upstream server's identity (upstream.py)
 
     def upstream_base(self, flow: http.HTTPFlow) -> str:
         u = self.upstream
@@ -83,4 +84,4 @@ class ProxyState:
     def invalidate_logprobs_mode(self, base: str | None = None) -> None:
         """Forget the logprobs mode of upstream ``base`` (all: None); its next call probes again.
         Called after a weight sync and when a call to the upstream fails to connect."""
-        self.logprobs_modes.invalidate(base)
+        self.upstreams.forget_logprobs_mode(base)

@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 
+from addon.assemble import Assembler
 from addon.server_dialects import strip_response
+from polar_contracts.translate.common import ChatTranslator
 
-from .capture import (
+from .call_tokens import CallTokens, ExtractFn
+from .idlists import MIN_BYTES, PromptCache
+from .json_style import (
     COMPACT_UTF8,
-    CallCapture,
     dumps_faithful,
     dumps_fast,
     dumps_like_python,
@@ -28,7 +30,6 @@ from .capture import (
     has_escapes,
     json_style,
 )
-from .idlists import MIN_BYTES
 from .sse import Event, SSEParser
 
 _DATA_LINE = re.compile(rb"(?:\A|(?<=[\r\n]))data:(?: )?")
@@ -57,14 +58,14 @@ def error_event(message: str, status: int = 503, newline: bytes = b"\n") -> byte
 
 
 class _Base:
-    def __init__(self, cap: CallCapture, extract: Callable[[CallCapture, dict], None]):
+    def __init__(self, cap: CallTokens, extract: ExtractFn):
         self.cap = cap
         self.extract = extract
         self.parser = SSEParser()
         self.saw_done = False
         self.saw_data = False
         self.closed = False
-        self.prompt_cache: Any = None  # idlists.PromptCache, for the big first chunk (vLLM prompt ids)
+        self.prompt_cache: PromptCache | None = None  # (idlists.py) for the big first chunk (vLLM prompt ids)
         self.cache_key = ""
         # called at the stream's final event ([DONE]) before it goes to the harness: the proxy
         # writes the row there (a kill after the harness saw [DONE] must not lose the call);
@@ -82,7 +83,7 @@ class _Base:
             self.final_error = f"polar proxy could not record this call: {type(exc).__name__}: {exc}"
         return self.final_error
 
-    def _parse(self, ev: Event) -> Any:
+    def _parse(self, ev: Event) -> object:
         data = ev.data_bytes
         try:
             if self.prompt_cache is not None and len(data) >= MIN_BYTES:
@@ -150,7 +151,11 @@ class _Base:
 
 
 class StreamFilter(_Base):
-    def __init__(self, cap: CallCapture, extract, assembler):
+    """Chat / completions SSE in, the same events less the proxy's fields out."""
+
+    mid_stream_error: object = None  # the error of a server's mid-stream error event (JSON)
+
+    def __init__(self, cap: CallTokens, extract: ExtractFn, assembler: Assembler):
         super().__init__(cap, extract)
         self.assembler = assembler
 
@@ -202,7 +207,6 @@ class StreamFilter(_Base):
                     return serialize_event(ev, out)
         return serialize_event(ev, dumps_like_safe(data, obj))
 
-    mid_stream_error: Any = None
     def response_text(self) -> bytes:
         return dumps_like_python(self.assembler.result())
 
@@ -210,7 +214,7 @@ class StreamFilter(_Base):
 class TranslatedStream(_Base):
     """Upstream chat SSE in, the translator's SSE (Responses / Messages) out."""
 
-    def __init__(self, cap: CallCapture, extract, translator, assembler):
+    def __init__(self, cap: CallTokens, extract: ExtractFn, translator: ChatTranslator, assembler: Assembler):
         super().__init__(cap, extract)
         self.t = translator
         self.assembler = assembler  # reassembles the upstream chat answer for the log

@@ -26,25 +26,22 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from polar_contracts.chat import RequestError, render_sglang
+from polar_contracts.chat import RequestError, content_parts, part_text, render_sglang
 
 
 def _join_parts(content: Any, sep: str, where: str) -> Any:
-    if content is None or isinstance(content, str):
+    parts = content_parts(content, where)
+    if parts is None:
         return content
-    if not isinstance(content, list):
-        raise RequestError(f"{where}.content must be a string, a list of content parts or null")
     texts = []
-    for i, part in enumerate(content):
+    for i, part in enumerate(parts):
         if isinstance(part, str):
             texts.append(part)
             continue
         if not isinstance(part, dict) or "type" not in part:
             raise RequestError(f"{where}.content[{i}] must be an object with a 'type'")
         if part["type"] in ("text", "input_text", "output_text"):
-            if not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}.content[{i}].text must be a string")
-            texts.append(part["text"])
+            texts.append(part_text(part, i, where))
         elif part["type"] in ("image_url", "input_image", "audio_url", "video_url", "input_audio"):
             raise RequestError(f"{where}.content[{i}]: the served model is text-only ({part['type']!r} given)")
     return sep.join(texts)

@@ -31,7 +31,7 @@ import copy
 import json
 from typing import Any
 
-from polar_contracts.chat import RequestError
+from polar_contracts.chat import RequestError, content_parts, part_text
 from polar_contracts.request_fields import FALSE_STRINGS, TRUE_STRINGS
 
 GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "root")
@@ -206,19 +206,16 @@ def template_tools(body: dict) -> list[dict] | None:
 # -- messages -------------------------------------------------------------------------------------
 def _content(content: Any, role: str, where: str) -> Any:
     """The content after pydantic validation and process_content_for_template_format("string")."""
-    if content is None or isinstance(content, str):
+    parts = content_parts(content, where)
+    if parts is None:
         return content
-    if not isinstance(content, list):
-        raise RequestError(f"{where}.content must be a string, a list of content parts or null")
     texts = []
-    for i, part in enumerate(content):
+    for i, part in enumerate(parts):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise RequestError(f"{where}.content[{i}] must be an object with a 'type'")
         kind = part["type"]
         if kind == "text":
-            if not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}.content[{i}].text must be a string")
-            texts.append(part["text"])
+            texts.append(part_text(part, i, where))
         elif kind in ("thinking", "reasoning"):
             if role != "assistant":
                 raise RequestError("thinking content parts are only valid in assistant messages")

@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from addon import chat
-from addon.capture import CallCapture
+from addon.call_tokens import CallTokens as CallCapture
 from addon.server_dialects import dialect_from_models, plan_request, strip_response
 
 

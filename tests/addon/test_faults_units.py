@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from addon import call as calls
-from addon.capture import dumps_faithful, dumps_stripped
+from addon.json_style import dumps_faithful, dumps_stripped
 from addon.redact import credential_values
 from addon.server_dialects import plan_request, sglext_header_flags, strip_response
 from addon.sse import SSEParser

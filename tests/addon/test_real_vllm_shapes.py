@@ -14,7 +14,7 @@ import pytest
 
 from addon import call as calls
 from addon import chat, completions
-from addon.capture import CallCapture
+from addon.call_tokens import CallTokens as CallCapture
 from addon.server_dialects import plan_request, strip_response
 from addon.stream import StreamFilter
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from addon import chat, completions
-from addon.capture import CallCapture, dumps_like
+from addon.call_tokens import CallTokens as CallCapture
+from addon.json_style import dumps_like
 from addon.server_dialects import plan_request, strip_response
 from addon.stream import StreamFilter
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from addon.capture import dumps_like_python
+from addon.json_style import dumps_like_python
 from addon.server_dialects import plan_request
 from addon.sse import SSEParser
 from polar_contracts.translate import translator_for
