@@ -126,8 +126,9 @@ def docker_runtime_cls():
     """The docker runtime class, once a Docker engine answers (`make test` starts a quiet dockerd:
     .ci/with-dockerd.sh); else the test is skipped saying why (a failure under POLAR_NO_SKIP=1)."""
     try:
-        from harness_recipes.runtimes.docker import DockerRuntime, _client
-        _client()
+        from harness_recipes.docker_engine import docker_client
+        from harness_recipes.runtimes.docker import DockerRuntime
+        docker_client()
     except RuntimeError as e:
         pytest.skip(f"dockerd not reachable, the docker runtime is not tested here: {e}")
     return DockerRuntime

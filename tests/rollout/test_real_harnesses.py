@@ -49,9 +49,9 @@ def one_task(tmp_path: Path, tag: str) -> Path:
 def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, runtime):
     proxy, logdir = stack
     if runtime == "docker":
-        from harness_recipes.runtimes.docker import _client
+        from harness_recipes.docker_engine import docker_client
         try:
-            _client()
+            docker_client()
         except RuntimeError as e:
             pytest.skip(f"dockerd not reachable, docker runtime not tested here: {e}")
     ensure_installed(load_recipe(harness))

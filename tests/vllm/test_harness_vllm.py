@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.node.local_stack import capture_proxy, forced_replies
+from harness_recipes.demo.scripted_vllm import forced_replies
+from harness_recipes.node.local_stack import capture_proxy
 from harness_recipes.recipes.install import ensure_installed
 from harness_recipes.recipes.recipe import load_recipe
 from tests.conftest import VLLM_MODEL_NAME

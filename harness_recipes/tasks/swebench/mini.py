@@ -8,7 +8,7 @@ planted bug (bugs/*.patch), the test that catches it (TEST below -> ``test_patch
 (``patch`` = the bug reverted, as a git diff). The repository and its commits come from
 sources.py (deterministic); FAIL_TO_PASS / PASS_TO_PASS are measured, not written by
 hand: the eval script runs on the buggy and on the fixed tree in the instance's image (the one the
-episodes run in: runtimes/images.py; needs docker), each log read by swebench's pytest parser;
+episodes run in: images.py; needs docker), each log read by swebench's pytest parser;
 FAIL_TO_PASS = failed before, passed after; PASS_TO_PASS = passed both times.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness_recipes.runtimes.docker import _client
-from harness_recipes.runtimes.images import instance_image
+from harness_recipes.docker_engine import docker_client
+from harness_recipes.tasks.swebench.images import instance_image
 from harness_recipes.tasks.swebench.instances import eval_script_for
 from harness_recipes.tasks.swebench.sources import build_repo, git, sha256
 
@@ -111,7 +111,7 @@ def _measure(client, inst: dict, repo: Path) -> tuple[dict, dict]:
 
 
 def make(outdir: Path) -> list[dict]:
-    client = _client()
+    client = docker_client()
     rows = []
     for p in PROJECTS:
         src = {"sdist": p["sdist"], "sha256": sha256(outdir / p["sdist"]), "url": p["url"], "bug_patch": p["bug_patch"]}
