@@ -81,32 +81,18 @@ def fake_harness_installed(tmp_path: Path, monkeypatch, argv: list[str]) -> tupl
     return recipe_path, exe
 
 
+def fake_recipe_text(argv: list[str], name: str = "fake", via: str = "header") -> str:
+    """fake_harness.toml filled in: the harness is fake_harness.py run by this Python, argv after the script path."""
+    args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
+    return ((HERE / "fake_harness.toml").read_text().replace("@NAME@", name).replace("@BIN@", sys.executable)
+            .replace("@VIA@", via).replace("@ARGV@", args))
+
+
 def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake", via: str = "header") -> Path:
     """A recipe whose harness is fake_harness.py run by this Python; argv follows the script path.
     ``via``: how the harness names its episode to the proxy (path: FAKE_BASE is /polar/<id>)."""
-    args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
-    text = f'''
-name = "{name}"
-api = "chat"
-quiet = []
-[install]
-kind = "none"
-bin = "{sys.executable}"
-[episode]
-via = "{via}"
-[env]
-HOME = "${{home}}"
-FAKE_EPISODE = "${{episode}}"
-FAKE_BASE = "${{base_url}}"
-FAKE_MODEL = "${{model}}"
-[[files]]
-path = "${{home}}/.fake/config.json"
-content = '{{"episode": "${{episode}}", "header": "${{episode_header}}"}}'
-[run]
-argv = ["${{bin}}", {args}]
-'''
     p = tmp_path / f"{name}.toml"
-    p.write_text(text)
+    p.write_text(fake_recipe_text(argv, name, via))
     return p
 
 
