@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from harness_recipes.docker_engine import docker_client
-from harness_recipes.tasks.swebench.images import ImageError, image_path, instance_image
+from harness_recipes.tasks.swebench.images import image_path, task_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import install_prefix
@@ -346,13 +346,7 @@ class DockerRuntime(Runtime):
         api = None
         try:
             (root / "home").mkdir()
-            try:
-                repos = Path(inst["polar_repos"]) if inst.get("polar_repos") else None
-                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log, repos)
-            except ImageError:
-                raise
-            except Exception as e:  # docker API errors while building or importing
-                raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
+            image, how = await asyncio.to_thread(task_image, self.client, task, self.log)
             self.images[inst["instance_id"]] = (image, how)
             api = await ApiSocket(upstream).start() if upstream is not None else None
             container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading,

@@ -15,5 +15,6 @@ from harness_recipes.tasks.swebench.images import (  # noqa: F401
     official_name,
     polar_name,
     registry_name,
+    task_image,
     uses_spec,
 )

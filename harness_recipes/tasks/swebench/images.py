@@ -1,5 +1,7 @@
 """Per-instance docker images for SWE-bench tasks: the official one when present, else built here.
 
+The task resolves its image here (`task_image`), the docker runtime runs it.
+
 Order, per instance (`instance_image`; `find_official` alone for the planner):
 1. the instance's ``image`` field, if docker has that image locally;
 2. the official image under either of its names, if docker has it locally (Polar never pulls):
@@ -158,6 +160,19 @@ def instance_image(client, inst: dict, repo: Path | None, log=lambda m: None, re
                 raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
         build_instance(client, inst, repo, base, tag, env, wheels)
     return tag, "built"
+
+
+def task_image(client, task, log=lambda m: None) -> tuple[str, str]:
+    """instance_image for a SWE-bench task (task.swebench, its repository task.git_repo, the row's
+    polar_repos): what the docker runtime runs. Any failure is an ImageError naming the instance."""
+    inst = task.swebench
+    repos = Path(inst["polar_repos"]) if inst.get("polar_repos") else None
+    try:
+        return instance_image(client, inst, task.git_repo, log, repos)
+    except ImageError:
+        raise
+    except Exception as e:  # docker API errors while building or importing
+        raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
 
 
 def dockerfile(base: str, env=None) -> str:
