@@ -50,25 +50,11 @@ FAKE = ROOT / "tests" / "rollout" / "fake_harness.py"
 
 
 def recipe(d: Path, calls: int) -> Path:
-    args = ", ".join(json.dumps(a) for a in [str(FAKE), "chat", str(calls), "fix", "calc.py", "return a - b",
-                                              "return a + b"])
+    """The fake harness's recipe (tests/rollout/fake_harness.toml, read as data), episodes named in the path."""
+    argv = [str(FAKE), "chat", str(calls), "fix", "calc.py", "return a - b", "return a + b"]
     p = d / "benchfleet.toml"
-    p.write_text(f'''name = "benchfleet"
-api = "chat"
-quiet = []
-[install]
-kind = "none"
-bin = "{sys.executable}"
-[episode]
-via = "path"
-[env]
-HOME = "${{home}}"
-FAKE_EPISODE = "${{episode}}"
-FAKE_BASE = "${{base_url}}"
-FAKE_MODEL = "${{model}}"
-[run]
-argv = ["${{bin}}", {args}]
-''')
+    p.write_text(FAKE.with_suffix(".toml").read_text().replace("@NAME@", "benchfleet").replace("@BIN@", sys.executable)
+                 .replace("@VIA@", "path").replace("@ARGV@", ", ".join(json.dumps(a) for a in argv)))
     return p
 
 

@@ -54,8 +54,8 @@ def slow_script(d: Path, delay: float) -> Path:
 
 
 def remove_instance_images() -> int:
-    from harness_recipes.runtimes.docker import _client
-    client = _client()
+    from harness_recipes.docker_engine import docker_client
+    client = docker_client()
     n = 0
     for img in client.images.list(filters={"label": "polar.swebench.instance"}):
         client.images.remove(img.id, force=True)
@@ -113,12 +113,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=BENCH / "results" / "swebench.json")
     args = ap.parse_args()
     from harness_recipes.cache import tiny_model
+    from harness_recipes.docker_engine import docker_client
     from harness_recipes.recipes.install import ensure_installed
     from harness_recipes.recipes.recipe import load_recipe
-    from harness_recipes.runtimes.docker import _client
-    from harness_recipes.runtimes.images import ensure_base
+    from harness_recipes.tasks.swebench.images import ensure_base
     ensure_installed(load_recipe("codex"))
-    ensure_base(_client(), log=print)  # the Debian base: once per machine, not part of any mode
+    ensure_base(docker_client(), log=print)  # the Debian base: once per machine, not part of any mode
     base = Path(tempfile.mkdtemp(prefix="polar-bench-swebench-"))
     try:
         script = slow_script(base, args.delay)

@@ -25,10 +25,8 @@ from pathlib import Path
 
 import click
 
-from polar_contracts.assets import data_path
+from harness_recipes.tasks.samples import SCRIPT, TASKS, sample_task_file  # noqa: F401 (TASKS: also imported from here)
 
-TASKS = data_path("tasks")
-SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 # Tool names harnesses give their sub-agent launcher.
 SUBAGENT_TOOLS = ("task", "Task", "Agent", "invoke_agent", "spawn_agent", "dispatch_agent", "delegate")
 COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools declared / tool calls resent",
@@ -36,14 +34,6 @@ COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools de
            "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes",
            "Segments", "Reward")
 BEGIN, END = "<!-- compat-matrix:begin -->", "<!-- compat-matrix:end -->"
-
-
-def _task_file(tmp: Path, tag: str) -> Path:
-    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
-    p = tmp / f"tasks-{tag}.jsonl"
-    p.write_text(json.dumps(task) + "\n")
-    return p
 
 
 def _chat_requests(rows: list[dict]) -> list[dict]:
@@ -125,7 +115,7 @@ def run_recipe(name: str, proxy, logdir: Path, work: Path, markers, echo=print) 
     ensure_installed(recipe, log=echo)
     out = work / name
     proc = subprocess.run(
-        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", name, "--tasks", str(_task_file(work, name)),
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", name, "--tasks", str(sample_task_file(work, name)),
          "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
          "--out", str(out), "--no-progress", "--recon", "build"],
         capture_output=True, text=True, timeout=900)

@@ -1,70 +1,7 @@
 """Closed loop on the CPU: polar-serve -> mitmdump + addon -> a small agent -> polar-recon watch ->
-PolarGRPOTrainer -> /polar/reload, for several iterations; the mean reward must rise.
-
-    .venv/bin/python -m harness_recipes.demo.closed_loop --workdir /tmp/loop [--steps 8] [--group-size 4] [--groups 2]
-
-Processes (all real, all on 127.0.0.1, all stopped by pid): polar-serve serving the tiny Qwen3 with
-``--weight-version 0``; mitmdump in reverse mode with addon/polar_addon.py writing LOGDIR;
-``polar-recon watch LOGDIR OUT --group-size G`` writing shards. In this process: the agent (a thread)
-and the trainer (main thread).
-
-Synchronous on-policy schedule: agent iteration k waits until the server serves weight_version k,
-runs `groups` groups of G episodes (one chat call each, through the proxy, episode id in the
-``x-polar-episode`` header), scores each answer and ends the episode with
-``POST /polar/<episode>/end {"reward": r, "metadata": {"group_id": ...}}``. Recon turns finished
-groups into shards; trainer step k+1 consumes iteration k's groups and syncs weights (version k+1).
-
-The task (learnable from a random model): the answer must contain a target word. The target is the
-decoded token that, before training, appears in about a third of the sampled answers (measured by
-calling polar-serve directly, outside the proxy, so calibration never reaches the training data).
-
-Sampling: Qwen3's defaults, the way harnesses get them: the agent's requests set no sampling field
-(as Pi's), so the server applies the model's generation_config.json (the tiny Qwen3's: T=0.6, top_k=20,
-top_p=0.95; a random tiny model is near-uniform over 151936 tokens, so without truncation no answer
-would ever contain the target), and the proxy, given the model directory (``polar_generation_config``),
-records those values on every row; polar-serve reports processed logprobs (vllm dialect) or SGLang's
-scaled ones (sglang dialect). ``--temperature/--top-k/--top-p`` send explicit values instead.
-The trainer runs WITH the importance-sampling correction (TRL's default sequence_mask): its old-policy
-log-probs are taken under each row's recorded transform (trainer/behaviour_logprobs.py), so on-policy rows give
-ratio 1 where the full softmax would give each token its kept mass (~e^-6.5 here) and zero every
-advantage. ``--no-is-correction`` turns it off.
-
-Multi-turn episodes (``--turns 2``, the default): turn 1 answers the prompt, turn 2 answers "Say it
-again." with turn 1's answer in its context, and the reward is decided by the LAST turn only (1 if its
-answer contains the target). Both turns are trainable tokens of one episode and share its advantage, so
-the credit must reach the later turn's tokens through the whole episode's row(s): a pipeline that trains
-only the first call, or puts the mask on the wrong tokens, cannot learn it. (Requiring the target in
-every turn was tried first: with the random tiny model no token was in both answers of more than 3% of
-episodes, too rare to learn in a few steps.) The target is calibrated on the same reward (whole
-episodes against polar-serve directly). ``--target`` skips calibration (the bench and test calibrate
-once per seed and give every arm the same target).
-
-Initialisations (``--init-seed S``): the tiny random Qwen3 built with seed S (``cache.tiny_model(S)``,
-polar_serve/tiny.py's initialisation, cached once per seed); None: the model directory given (default
-the seed-0 tiny Qwen3).
-
-Held-out evaluation: training samples the ``train_prompts``; after the trainer's last step (its weight
-sync lands as version ``steps``), ``eval_samples`` episodes of the ``eval_prompts`` (never trained on)
-are sampled from polar-serve directly (outside the proxy, so they never reach the training data) with
-seeds no training episode uses, and scored by the same reward. The same evaluation runs once before
-training (version 0) as the baseline.
-
-Ablation arms (``--arm``), each ONE transformation applied at ONE point: ``ArmRollout``, which wraps
-the trainer's rollout_func (trainer.shard_rollout.ShardRollout) and rewrites the TRL rows it returns (the shard
-rows as the trainer reads them), or the trainer config (lr0). On the same seeds these must NOT improve:
-- ``real``: untouched.
-- ``shuffled_rewards``: the rewards permuted across the batch's episodes by a random derangement (no
-  episode keeps its own; every segment of an episode keeps one reward; padding rows keep None): the
-  reward never belongs to its tokens. (A plain shuffle leaves a batch's one success in place with
-  probability 1/n; early batches hold one or two successes, so such an arm learned like the real one.)
-- ``zero_mask``: env_mask all 0: no token is trained.
-- ``scrambled_ids``: the trainable completion ids permuted across the batch's trainable positions;
-  env_mask and the behaviour logprobs stay where they were (a recon bug that mixes up ids).
-- ``lr0``: learning_rate 0 (everything else runs: loss, IS correction, weight syncs).
-- ``shifted_mask``: env_mask and the behaviour logprobs moved one token later than the ids they
-  belong to (an off-by-one in recon): each sampled token's credit lands on the token after it.
-The IS correction stays on in every arm, so a transformation that breaks the ids/logprobs pairing
-also shows in the IS ratio (reported per step in LoopResult.is_stats).
+PolarGRPOTrainer -> /polar/reload, for several iterations; the mean reward must rise. The schedule,
+the task, sampling, multi-turn episodes, the held-out evaluation and the ablation arms are described
+in the training guide, section "The closed loop", under "How it runs".
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from harness_recipes.cache import harness_cache, tiny_model
-from harness_recipes.node.local_stack import capture_proxy, scripted_vllm, serve
+from harness_recipes.demo.scripted_vllm import scripted_vllm
+from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.recipes.install import ensure_installed, installed_version
 from harness_recipes.recipes.recipe import load_recipe
 from polar_contracts.assets import data_path

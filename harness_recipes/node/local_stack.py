@@ -1,5 +1,8 @@
 """Start the capture stack for the demo, the closed loop, the benchmarks and the end-to-end tests.
 
+The real vLLM with scripted replies (`scripted_vllm`, `forced_replies`) is the demo's, in
+harness_recipes.demo.scripted_vllm: nothing under node/ imports the demo.
+
     with serve(model_dir, script=...) as srv, capture_proxy(srv.url, logdir) as proxy:
         ... polar-rollout ... --proxy proxy.url --logdir logdir
 
@@ -15,20 +18,14 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from importlib.resources import files
 from pathlib import Path
 
 from harness_recipes.cache import vllm_python
-from harness_recipes.demo.forced_replies import READY, vllm_plugin_args, vllm_plugin_env
 from harness_recipes.node.processes import Proc, free_port, running, venv_bin
+from harness_recipes.node.proxies import addon_script  # noqa: F401 (also imported from here)
 from polar_contracts.control import new_secret, write_secret_file
 
 SERVE_READY = "polar-serve listening on "
-
-
-def addon_script() -> Path:
-    """The capture addon's mitmproxy script (`mitmdump -s`), from the installed `addon` package."""
-    return Path(str(files("addon").joinpath("polar_addon.py")))
 
 
 @contextlib.contextmanager
@@ -144,35 +141,3 @@ def capture_proxy(upstream: str, logdir: Path, *, confdir: Path | None = None, s
                       echo=echo) as p:
             p.secret, p.secret_file = secret, sfile
             yield p
-
-
-@contextlib.contextmanager
-def forced_replies(upstream: str, model_dir: Path, script: Path, *, record: Path | None = None,
-                   log: Path | None = None, timeout: float = 60.0,
-                   echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
-    """The scripting shim (forced_replies.py) in front of `upstream`, a vLLM started with
-    `extra_args=vllm_plugin_args(), env=vllm_plugin_env()`: each chat request gets the script's reply
-    as `vllm_xargs.polar_forced` token ids. `record`: one JSON line per forced reply."""
-
-    cmd = [sys.executable, "-m", "harness_recipes.demo.forced_replies", "--upstream", upstream, "--model", str(model_dir),
-           "--script", str(script), "--host", "127.0.0.1", "--port", "0"]
-    if record is not None:
-        cmd += ["--log", str(record)]
-    with running(cmd, log=log, ready_line=READY, timeout=timeout, echo=echo, what="forced-replies shim") as p:
-        yield p
-
-
-@contextlib.contextmanager
-def scripted_vllm(model_dir: Path, script: Path, *, model_name: str = "polar-model", extra_args=(),
-                  env: dict | None = None, record: Path | None = None, vllm_log: Path | None = None,
-                  shim_log: Path | None = None, timeout: float = 600.0,
-                  echo: Callable[[str], None] | None = None) -> Iterator[Proc]:
-    """The real vLLM with the ForcedReply plugin and the scripting shim in front of it: the scripted
-    counterpart of `serve(model_dir, script=...)`. Yields the shim's Proc (`.url`: point the capture
-    proxy at it); `.vllm` is vLLM's Proc."""
-
-    with vllm(model_dir, model_name=model_name, extra_args=[*vllm_plugin_args(), *map(str, extra_args)],
-              env={**vllm_plugin_env(), **(env or {})}, log=vllm_log, timeout=timeout, echo=echo) as v, \
-            forced_replies(v.url, model_dir, script, record=record, log=shim_log, echo=echo) as shim:
-        shim.vllm = v
-        yield shim

@@ -33,17 +33,22 @@ import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 from addon.weight_hold import Http, urllib_http
 from harness_recipes.node.die_with_parent import command as with_parent_death
-from harness_recipes.node.local_stack import addon_script
 from harness_recipes.node.processes import Proc, free_port, running, stop, venv_bin, wait_ready
 from polar_contracts.control import HOLD_PATH, RELEASE_PATH, SYNC_PATH, control_headers, new_secret, write_secret_file
 from polar_contracts.weight_versions import unknown
 
 DEFAULT_LEASE_S = 900.0  # a held proxy releases itself after this if the coordinator is gone
 DEFAULT_TIMEOUT_S = 900.0  # each request of a sync (a hold drains, the leader's sync loads)
+
+
+def addon_script() -> Path:
+    """The capture addon's mitmproxy script (`mitmdump -s`), from the installed `addon` package."""
+    return Path(str(files("addon").joinpath("polar_addon.py")))
 
 
 def default_k() -> int:

@@ -6,9 +6,10 @@ the container runs the host's node, python and git without copying gigabytes int
 harness recipe's own install prefix is mounted read-only at the same path, the episode directory (workspace +
 home) read-write at the same path, so recipe templates render identically under both runtimes.
 
-SWE-bench tasks (task.swebench) run in their instance's image instead (images.py: the official
-image when docker has it, else one built from a debootstrap'ed Debian base), the repository at
-/testbed; only the recipe's install prefix, the episode directory and the host's node binary are mounted.
+SWE-bench tasks (task.swebench) run in their instance's image instead, which the task resolves
+(tasks/swebench/images.py: the official image when docker has it, else one built from a
+debootstrap'ed Debian base); the runtime runs it, the repository at /testbed, with only the recipe's
+install prefix, the episode directory and the host's node binary mounted.
 A container that stops under a command (killed, OOM) raises ContainerGone with docker's account
 of why: the episode ends as an infrastructure error, not as the harness's failure.
 
@@ -31,7 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
-from harness_recipes.runtimes.images import ImageError, image_path, instance_image
+from harness_recipes.docker_engine import docker_client
+from harness_recipes.tasks.swebench.images import image_path, task_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import install_prefix
@@ -49,18 +51,6 @@ LABEL = "polar.rollout.run"
 # which cannot be created inside the read-only /usr.
 SKELETON_DIRS = ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "var", "var/tmp", "run", "home", "sbin")
 USR_MERGE = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
-
-
-def _client():
-    import docker
-    try:
-        client = docker.from_env(version="auto", timeout=120)
-        client.ping()
-    except Exception as e:  # docker.errors.DockerException and connection errors alike
-        raise RuntimeError(
-            "docker runtime: cannot reach dockerd. Start it the quiet way: dockerd --iptables=false "
-            f"--ip-forward=false --ip-masq=false --bridge=none ({type(e).__name__}: {e})") from None
-    return client
 
 
 def skeleton_tar() -> bytes:
@@ -242,7 +232,7 @@ class DockerRuntime(Runtime):
         self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
         self._python: dict[str, str] = {}  # image -> its python3, for the inner forwarder
         self.workdir = workdir
-        self.client = _client()
+        self.client = docker_client()
         self.image = ensure_image(self.client)
         self.run_label = uuid.uuid4().hex[:12]
         self.images: dict[str, tuple[str, str]] = {}  # instance id -> (image, how it was found)
@@ -329,11 +319,7 @@ class DockerRuntime(Runtime):
             sandbox = DockerSandbox(self.client, container, root, image=self.image)
             return await self._with_api(sandbox, api)
         except BaseException:
-            # containers.run leaves a created-but-failed container behind: find it by its labels.
-            await asyncio.to_thread(self._remove_episode, episode_id)
-            if api is not None:
-                await api.close()
-            shutil.rmtree(root, ignore_errors=True)
+            await self._abandon(episode_id, api, root)
             raise
 
     async def prepare_grading(self, task: Task, episode_id: str, harness_prefix: Path) -> Sandbox:
@@ -360,13 +346,7 @@ class DockerRuntime(Runtime):
         api = None
         try:
             (root / "home").mkdir()
-            try:
-                repos = Path(inst["polar_repos"]) if inst.get("polar_repos") else None
-                image, how = await asyncio.to_thread(instance_image, self.client, inst, task.git_repo, self.log, repos)
-            except ImageError:
-                raise
-            except Exception as e:  # docker API errors while building or importing
-                raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
+            image, how = await asyncio.to_thread(task_image, self.client, task, self.log)
             self.images[inst["instance_id"]] = (image, how)
             api = await ApiSocket(upstream).start() if upstream is not None else None
             container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading,
@@ -375,11 +355,16 @@ class DockerRuntime(Runtime):
             sandbox.image_path = image_path(how)  # official (its conda env) | built (Polar's venv)
             return await self._with_api(sandbox, api)
         except BaseException:
-            await asyncio.to_thread(self._remove_episode, episode_id)
-            if api is not None:
-                await api.close()
-            shutil.rmtree(root, ignore_errors=True)
+            await self._abandon(episode_id, api, root)
             raise
+
+    async def _abandon(self, eid: str, api: ApiSocket | None, root: Path) -> None:
+        """Undo a prepare that failed part way: containers.run leaves a created-but-failed container
+        behind (found by its labels), the API socket and the episode directory."""
+        await asyncio.to_thread(self._remove_episode, eid)
+        if api is not None:
+            await api.close()
+        shutil.rmtree(root, ignore_errors=True)
 
     def _remove_episode(self, eid: str) -> None:
         for c in self.client.containers.list(all=True, filters={"label": [f"{LABEL}={self.run_label}",

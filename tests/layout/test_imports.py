@@ -36,12 +36,17 @@ def package_files() -> list[tuple[str, Path]]:
     return [(pkg, p) for pkg, d in PACKAGE_DIRS.items() for p in sorted((REPO / d).rglob("*.py"))]
 
 
-def imported_modules(path: Path, root: Path = REPO) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in the file; relative imports resolved."""
+def imported_modules(path: Path, root: Path = REPO, typing_only: bool = True) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file; relative imports resolved.
+    typing_only False: leave out the imports under ``if TYPE_CHECKING:`` (annotations, no run-time edge)."""
     tree = ast.parse(path.read_text(), str(path))
     rel = path.relative_to(root).with_suffix("").parts
+    skip = set() if typing_only else {id(n) for block in ast.walk(tree) if _is_type_checking(block)
+                                      for stmt in block.body for n in ast.walk(stmt)}
     out = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -59,6 +64,14 @@ def imported_modules(path: Path, root: Path = REPO) -> list[tuple[int, str]]:
                 name = ".".join((*anchor[: len(anchor) - (level - 1)], name.lstrip(".")))
             out.append((node.lineno, name))
     return out
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute)
+                                                                      and t.attr == "TYPE_CHECKING")
 
 
 def _called(call: ast.Call) -> str | None:

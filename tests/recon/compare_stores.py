@@ -8,7 +8,6 @@ layout of an experiment's store root (one store per harness, harness_recipes/fle
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "data" / "tasks"
 SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 HARNESSES = ("pi", "qwen-code", "codex")
-
-
-def task_file(where: Path, harness: str) -> Path:
-    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    # Each harness gets its own task id, hence its own episode ids (and GRPO group) in the shared logdir.
-    task.update(id=f"fix-add-{harness}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
-    p = where / f"tasks-{harness}.jsonl"
-    p.write_text(json.dumps(task) + "\n")
-    return p
 
 
 def build_stores(root: Path, harnesses=HARNESSES, samples: int = 2) -> Path:
@@ -48,8 +38,9 @@ def build_stores(root: Path, harnesses=HARNESSES, samples: int = 2) -> Path:
 
 
 def _rollout(root: Path, h: str, proxy, logdir: Path, samples: int) -> None:
+    from harness_recipes.tasks.samples import sample_task_file
     proc = subprocess.run(
-        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", h, "--tasks", str(task_file(root, h)),
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", h, "--tasks", str(sample_task_file(root, h)),
          "--samples", str(samples), "--concurrency", "1", "--proxy", proxy.url,
          "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir), "--out", str(root / h),
          "--no-progress", "--recon", "build"],

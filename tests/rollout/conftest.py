@@ -81,32 +81,18 @@ def fake_harness_installed(tmp_path: Path, monkeypatch, argv: list[str]) -> tupl
     return recipe_path, exe
 
 
+def fake_recipe_text(argv: list[str], name: str = "fake", via: str = "header") -> str:
+    """fake_harness.toml filled in: the harness is fake_harness.py run by this Python, argv after the script path."""
+    args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
+    return ((HERE / "fake_harness.toml").read_text().replace("@NAME@", name).replace("@BIN@", sys.executable)
+            .replace("@VIA@", via).replace("@ARGV@", args))
+
+
 def fake_recipe(tmp_path: Path, argv: list[str], name: str = "fake", via: str = "header") -> Path:
     """A recipe whose harness is fake_harness.py run by this Python; argv follows the script path.
     ``via``: how the harness names its episode to the proxy (path: FAKE_BASE is /polar/<id>)."""
-    args = ", ".join(json.dumps(a) for a in [str(FAKE), *argv])
-    text = f'''
-name = "{name}"
-api = "chat"
-quiet = []
-[install]
-kind = "none"
-bin = "{sys.executable}"
-[episode]
-via = "{via}"
-[env]
-HOME = "${{home}}"
-FAKE_EPISODE = "${{episode}}"
-FAKE_BASE = "${{base_url}}"
-FAKE_MODEL = "${{model}}"
-[[files]]
-path = "${{home}}/.fake/config.json"
-content = '{{"episode": "${{episode}}", "header": "${{episode_header}}"}}'
-[run]
-argv = ["${{bin}}", {args}]
-'''
     p = tmp_path / f"{name}.toml"
-    p.write_text(text)
+    p.write_text(fake_recipe_text(argv, name, via))
     return p
 
 
@@ -126,8 +112,9 @@ def docker_runtime_cls():
     """The docker runtime class, once a Docker engine answers (`make test` starts a quiet dockerd:
     .ci/with-dockerd.sh); else the test is skipped saying why (a failure under POLAR_NO_SKIP=1)."""
     try:
-        from harness_recipes.runtimes.docker import DockerRuntime, _client
-        _client()
+        from harness_recipes.docker_engine import docker_client
+        from harness_recipes.runtimes.docker import DockerRuntime
+        docker_client()
     except RuntimeError as e:
         pytest.skip(f"dockerd not reachable, the docker runtime is not tested here: {e}")
     return DockerRuntime

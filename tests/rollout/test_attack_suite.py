@@ -68,9 +68,9 @@ def attack(tmp_path: Path, runtime: str, *, secured: bool = True, isolation: str
 
 def _docker_or_skip(runtime: str) -> None:
     if runtime == "docker":
-        from harness_recipes.runtimes.docker import _client
+        from harness_recipes.docker_engine import docker_client
         try:
-            _client()
+            docker_client()
         except RuntimeError as e:
             pytest.skip(f"dockerd not reachable, the docker runtime is not attacked here: {e}")
 

@@ -60,8 +60,9 @@ def test_local_cluster_uses_token_auth_and_sandboxes_cannot_reach_it(tmp_path):
                               [host, "127.0.0.1"])
         assert "connected" not in out and out.count("failed") == 2, out
         try:
-            from harness_recipes.runtimes.docker import DockerRuntime, _client
-            _client()
+            from harness_recipes.docker_engine import docker_client
+            from harness_recipes.runtimes.docker import DockerRuntime
+            docker_client()
         except RuntimeError as e:
             pytest.skip(f"dockerd not reachable, the docker half is not tested here: {e}")
         out = sandbox_connect(DockerRuntime(memory="1g", cpus=1.0, workdir=str(tmp_path)), tmp_path, int(port),

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from harness_recipes.node.grading import grade_episode
-from harness_recipes.runtimes.images import build_instance, ensure_base
+from harness_recipes.tasks.swebench.images import build_instance, ensure_base
 from harness_recipes.tasks.swebench.instances import load_instances
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ setsid nohup sh -c 'while :; do cp /root/conftest.py /testbed/conftest.py; sleep
 def test_an_instance_image_holds_no_commit_after_base(tmp_path, docker_runtime_cls):
     """A repository whose later commit holds the gold fix (on a branch, tagged): the image built from it
     has base_commit and its ancestors only, and the fix's blob is not in it."""
-    from harness_recipes.runtimes.docker import _client
+    from harness_recipes.docker_engine import docker_client
     t = inflection()
     base = t.swebench["base_commit"]
     repo = tmp_path / "repo"
@@ -144,7 +144,7 @@ def test_an_instance_image_holds_no_commit_after_base(tmp_path, docker_runtime_c
     gold_commit, gold_blob = git("rev-parse", "HEAD").strip(), git("rev-parse", "HEAD:inflection/__init__.py").strip()
     git("checkout", "-q", base)  # HEAD at base, the fix on master and a tag
 
-    client = _client()
+    client = docker_client()
     tag = f"polar-test-history:{gold_commit[:12]}"
     build_instance(client, t.swebench, repo, ensure_base(client), tag)
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from harness_recipes.node.model_patch import model_patch, patch_paths, protected
 from harness_recipes.runtimes.file_tree import ObjectStore, snapshot_dir, snapshot_tar
-from harness_recipes.runtimes.images import base_only_repo, history_after
+from harness_recipes.tasks.swebench.images import base_only_repo, history_after
 
 GIT_ENV = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
            "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",

@@ -42,14 +42,10 @@ def last_user(request: str) -> str:
 
 
 def test_opencode_subagent_is_its_own_segment(stack, tmp_path):
-    from harness_recipes.compat import TASKS
+    from harness_recipes.tasks.samples import sample_task_file
     proxy, logdir = stack
     ensure_installed(load_recipe("opencode"))
-    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    task.update(id="opencode-subagent", prompt=PROMPT, workspace=str(TASKS / task["workspace"]),
-                script=str(TASKS / task["script"]))
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps(task) + "\n")
+    tasks = sample_task_file(tmp_path, "opencode-subagent", id="opencode-subagent", prompt=PROMPT)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", "opencode", "--tasks", str(tasks),

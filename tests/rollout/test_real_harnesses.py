@@ -17,6 +17,7 @@ import pytest
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.recipes.install import ensure_installed
 from harness_recipes.recipes.recipe import load_recipe
+from harness_recipes.tasks.samples import sample_task_file
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "data" / "tasks"
@@ -36,29 +37,20 @@ def stack(tmp_path_factory):
         yield proxy, logdir
 
 
-def one_task(tmp_path: Path, tag: str) -> Path:
-    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    # Each harness gets its own task id, hence its own episode ids in the shared proxy logdir.
-    task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
-    p = tmp_path / "tasks.jsonl"
-    p.write_text(json.dumps(task) + "\n")
-    return p
-
-
 @pytest.mark.parametrize("harness,runtime", CASES)
 def test_real_harness_fixes_the_task_and_is_captured(stack, tmp_path, harness, runtime):
     proxy, logdir = stack
     if runtime == "docker":
-        from harness_recipes.runtimes.docker import _client
+        from harness_recipes.docker_engine import docker_client
         try:
-            _client()
+            docker_client()
         except RuntimeError as e:
             pytest.skip(f"dockerd not reachable, docker runtime not tested here: {e}")
     ensure_installed(load_recipe(harness))
     out = tmp_path / "out"
     tag = f"{harness}-{runtime}"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness, "--tasks", str(one_task(tmp_path, tag)),
+        [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness, "--tasks", str(sample_task_file(tmp_path, tag)),
          "--proxy", proxy.url, "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir),
          "--out", str(out), "--no-progress",
          "--recon", "watch" if runtime == "docker" else "build", "--runtime", runtime],

@@ -143,9 +143,10 @@ def stack(tmp_path_factory):
 
 def make(runtime: str, tmp_path: Path):
     if runtime == "docker":
-        from harness_recipes.runtimes.docker import DockerRuntime, _client
+        from harness_recipes.docker_engine import docker_client
+        from harness_recipes.runtimes.docker import DockerRuntime
         try:
-            _client()
+            docker_client()
         except RuntimeError as e:
             pytest.skip(f"dockerd not reachable, the docker runtime is not tested here: {e}")
         return DockerRuntime(memory="1g", cpus=1.0, workdir=str(tmp_path))

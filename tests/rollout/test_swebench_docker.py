@@ -157,10 +157,10 @@ def test_a_container_that_dies_ends_its_episode_with_the_reason(tmp_path, monkey
 
 
 def test_the_official_image_is_used_when_the_local_docker_has_it(docker_runtime_cls):
-    from harness_recipes.runtimes.docker import _client
-    from harness_recipes.runtimes.images import instance_image, official_name
+    from harness_recipes.docker_engine import docker_client
+    from harness_recipes.tasks.swebench.images import instance_image, official_name
     t = inflection()
-    client = _client()
+    client = docker_client()
     name = official_name(t.swebench)
     # swebench's own naming: sweb.eval.<arch>.<instance_id>:latest, lower case
     assert name == f"sweb.eval.x86_64.{INFLECTION.lower()}:latest"

@@ -161,3 +161,28 @@ def test_node_libraries_beyond_glibc_are_found_in_ldd_output():
                           "\tlibuv.so.1 => /lib/x86_64-linux-gnu/libuv.so.1 (0x00007f)"
     assert extra_libs(debian) == {"libnode.so.108": "/lib/x86_64-linux-gnu/libnode.so.108",
                                   "libuv.so.1": "/lib/x86_64-linux-gnu/libuv.so.1"}
+
+
+def test_the_mini_projects_file_is_what_mini_jsonl_was_made_from():
+    """mini.py's data file gives back the rows' identities, sources, test commands and issues, and
+    each project's test is the line the row's test_patch adds."""
+    from harness_recipes.tasks.swebench.mini import PROJECTS_FILE, load_projects
+    projects = load_projects(DATA / PROJECTS_FILE)
+    assert [p["instance_id"] for p in projects] == IDS
+    for p, r in zip(projects, rows()):
+        assert (p["repo"], p["version"], p["test_cmd"], p["problem_statement"]) == \
+            (r["repo"], r["version"], r["test_cmd"], r["problem_statement"])
+        src = ("sdist", "url", "bug_patch")
+        assert {k: p[k] for k in src} == {k: r["polar_source"][k] for k in src}
+        assert (DATA / p["sdist"]).is_file() and (DATA / p["bug_patch"]).is_file()
+        added = "\n".join(line[1:] for line in r["test_patch"].splitlines()
+                          if line.startswith("+") and not line.startswith("+++"))
+        assert p["test"].strip() in added
+
+
+def test_a_mini_project_without_a_field_is_refused_by_name(tmp_path):
+    from harness_recipes.tasks.swebench.mini import load_projects
+    bad = tmp_path / "projects.toml"
+    bad.write_text('[[project]]\ninstance_id = "a__b-c"\nrepo = "a/b"\n')
+    with pytest.raises(SystemExit, match=r"project 1 \(a__b-c\) lacks \['bug', 'package'"):
+        load_projects(bad)

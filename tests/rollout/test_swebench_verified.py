@@ -146,10 +146,10 @@ def test_a_conftest_that_passes_everything_gets_zero(tmp_path, monkeypatch, end_
 
 
 def test_the_image_holds_no_commit_after_base_commit(docker_runtime_cls):
-    from harness_recipes.runtimes.docker import _client
-    from harness_recipes.runtimes.images import instance_image
+    from harness_recipes.docker_engine import docker_client
+    from harness_recipes.tasks.swebench.images import instance_image
     t = flask()
-    client = _client()
+    client = docker_client()
     t0 = time.monotonic()
     image, how = instance_image(client, t.swebench, t.git_repo, repos=REPOS)
     print(f"image {image} ({how}) in {time.monotonic() - t0:.1f}s")
@@ -178,10 +178,10 @@ def test_an_official_image_runs_as_the_official_harness_runs_it(tmp_path, monkey
     swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest) and layout (the test environment a
     conda-style env at /opt/miniconda3/envs/testbed, entered by `source /opt/miniconda3/bin/activate;
     conda activate testbed`; Polar's own venv removed, so only that activation finds pytest)."""
-    from harness_recipes.runtimes.docker import _client
-    from harness_recipes.runtimes.images import find_official, instance_image, official_name, registry_name
+    from harness_recipes.docker_engine import docker_client
+    from harness_recipes.tasks.swebench.images import find_official, instance_image, official_name, registry_name
     t = flask()
-    client = _client()
+    client = docker_client()
     built, _ = instance_image(client, t.swebench, t.git_repo, repos=REPOS)
     registry = registry_name(t.swebench)
     assert registry == "swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest"

@@ -90,3 +90,16 @@ def test_swebench_missing_clone_is_named(tmp_path):
     f.write_text(json.dumps({"instance_id": "a-1", "repo": "o/r", "base_commit": "abc", "problem_statement": "p"}) + "\n")
     with pytest.raises(TaskError, match="is not a git repository"):
         load_swebench(f, tmp_path)
+
+
+def test_sample_task_file_is_the_first_bundled_task_under_its_own_id(tmp_path):
+    from harness_recipes.tasks.samples import TASKS, sample_task_file
+    path = sample_task_file(tmp_path, "pi")
+    again = sample_task_file(tmp_path, "codex", prompt="say hi")
+    (task,) = load_tasks(path)
+    (other,) = load_tasks(again)
+    first = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
+    assert (path.name, task.id, other.id) == ("tasks-pi.jsonl", "fix-add-pi", "fix-add-codex")
+    assert task.prompt == first["prompt"] and other.prompt == "say hi"
+    # written elsewhere, it still names the bundled workspace and script
+    assert json.loads(path.read_text())["workspace"] == str(TASKS / first["workspace"])

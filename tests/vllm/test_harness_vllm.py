@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from harness_recipes.node.local_stack import capture_proxy, forced_replies
+from harness_recipes.demo.scripted_vllm import forced_replies
+from harness_recipes.node.local_stack import capture_proxy
 from harness_recipes.recipes.install import ensure_installed
 from harness_recipes.recipes.recipe import load_recipe
+from harness_recipes.tasks.samples import sample_task_file
 from tests.conftest import VLLM_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,14 +111,6 @@ def test_the_probe_says_raw_for_a_stock_vllm(stock_vllm):
     assert probe_upstream(stock_vllm.url, VLLM_MODEL_NAME) == "raw"
 
 
-def one_task(tmp_path: Path, tag: str) -> Path:
-    task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]))
-    p = tmp_path / "tasks.jsonl"
-    p.write_text(json.dumps(task) + "\n")
-    return p
-
-
 @pytest.fixture(scope="module")
 def proxy(shim, tmp_path_factory):
     logdir = tmp_path_factory.mktemp("logs")
@@ -138,7 +132,7 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     n = len(records(shim))
     proc = subprocess.run(
         [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", harness,
-         "--tasks", str(one_task(tmp_path, tag)), "--proxy", proxy.url,
+         "--tasks", str(sample_task_file(tmp_path, tag)), "--proxy", proxy.url,
          "--control-secret-file", str(proxy.secret_file), "--logdir", str(proxy.logdir),
          "--out", str(out), "--no-progress", "--recon", "build"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)

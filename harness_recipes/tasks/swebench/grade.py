@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness_recipes.runtimes.base import ExecResult, Sandbox
+if TYPE_CHECKING:  # annotations only: task code sits below the runtimes (tests/layout/test_imports.py)
+    from harness_recipes.runtimes.base import ExecResult, Sandbox
 
 # Polar's bundled instances (data/swebench/), registered in swebench's repo -> parser map at import,
 # so swebench resolves their parser exactly as it does its own repos' (its pytest parser).

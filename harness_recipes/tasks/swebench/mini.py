@@ -2,13 +2,13 @@
 
     python -m harness_recipes.tasks.swebench.mini data/swebench
 
-For each project: its sdist (data/swebench/sources/, downloaded with
-`pip download --no-binary :all: --no-deps NAME==VERSION`, sha256 recorded in PROVENANCE.md), a
-planted bug (bugs/*.patch), the test that catches it (TEST below -> ``test_patch``), the fix
+For each project of data/swebench/mini-projects.toml (load_projects): its sdist (sources/, downloaded
+with `pip download --no-binary :all: --no-deps NAME==VERSION`, sha256 recorded in PROVENANCE.md), a
+planted bug (bugs/*.patch), the test that catches it (its ``test`` -> ``test_patch``), the fix
 (``patch`` = the bug reverted, as a git diff). The repository and its commits come from
 sources.py (deterministic); FAIL_TO_PASS / PASS_TO_PASS are measured, not written by
 hand: the eval script runs on the buggy and on the fixed tree in the instance's image (the one the
-episodes run in: runtimes/images.py; needs docker), each log read by swebench's pytest parser;
+episodes run in: images.py; needs docker), each log read by swebench's pytest parser;
 FAIL_TO_PASS = failed before, passed after; PASS_TO_PASS = passed both times.
 """
 from __future__ import annotations
@@ -16,73 +16,37 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
-from harness_recipes.runtimes.docker import _client
-from harness_recipes.runtimes.images import instance_image
+from harness_recipes.docker_engine import docker_client
+from harness_recipes.tasks.swebench.images import instance_image
 from harness_recipes.tasks.swebench.instances import eval_script_for
 from harness_recipes.tasks.swebench.sources import build_repo, git, sha256
 
-PROJECTS = [
-    {
-        "instance_id": "benjaminp__six-ensure-text-errors",
-        "repo": "benjaminp/six", "version": "1.17.0",
-        "sdist": "sources/six-1.17.0.tar.gz", "bug_patch": "bugs/six-ensure-text-errors.patch",
-        "url": "https://files.pythonhosted.org/packages/source/s/six/six-1.17.0.tar.gz",
-        "test_file": "test_six.py",
-        "test_cmd": "python3 -m pytest -rA -p no:cacheprovider test_six.py",
-        "test": '''
+PROJECTS_FILE = "mini-projects.toml"  # beside the sources/ and bugs/ it names: projects, bugs, tests, issues
+PYPI_SDIST = "https://files.pythonhosted.org/packages/source/{initial}/{package}/{package}-{version}.tar.gz"
+PYTEST = "python3 -m pytest -rA -p no:cacheprovider"
+FIELDS = {"instance_id", "repo", "package", "version", "bug", "test_file", "test", "problem_statement"}
 
-def test_ensure_text_honours_errors():
-    assert six.ensure_text(b"caf\\xe9", errors="replace") == u"caf\\ufffd"
-    assert six.ensure_text(b"caf\\xe9", encoding="utf-8", errors="ignore") == u"caf"
-''',
-        "problem_statement": (
-            "six.ensure_text ignores its `errors` argument\n\n"
-            "`six.ensure_text(b'caf\\xe9', errors='replace')` raises UnicodeDecodeError instead of returning "
-            "'caf\\ufffd': the bytes are decoded with the default 'strict' error handler whatever `errors` says "
-            "(six.ensure_str honours it). Fix six.py so that six.ensure_text passes `errors` on when it decodes."),
-    },
-    {
-        "instance_id": "jpvanhal__inflection-ordinal-thirteen",
-        "repo": "jpvanhal/inflection", "version": "0.5.1",
-        "sdist": "sources/inflection-0.5.1.tar.gz", "bug_patch": "bugs/inflection-ordinal-thirteen.patch",
-        "url": "https://files.pythonhosted.org/packages/source/i/inflection/inflection-0.5.1.tar.gz",
-        "test_file": "test_inflection.py",
-        "test_cmd": "python3 -m pytest -rA -p no:cacheprovider test_inflection.py",
-        "test": '''
 
-def test_ordinal_of_the_thirteens():
-    for number in (13, 113, 1013, -13):
-        assert inflection.ordinal(number) == "th"
-    assert inflection.ordinalize(213) == "213th"
-''',
-        "problem_statement": (
-            "inflection.ordinal(13) returns 'rd'\n\n"
-            "inflection.ordinal(13) gives 'rd' and inflection.ordinalize(113) gives '113rd'; it must be 'th' "
-            "(13th, 113th), as for 11 and 12. Fix inflection/__init__.py."),
-    },
-    {
-        "instance_id": "termcolor__termcolor-no-color-argument",
-        "repo": "termcolor/termcolor", "version": "2.5.0",
-        "sdist": "sources/termcolor-2.5.0.tar.gz", "bug_patch": "bugs/termcolor-no-color-argument.patch",
-        "url": "https://files.pythonhosted.org/packages/source/t/termcolor/termcolor-2.5.0.tar.gz",
-        "test_file": "tests/test_termcolor.py",
-        "test_cmd": "PYTHONPATH=src python3 -m pytest -rA -p no:cacheprovider tests/test_termcolor.py",
-        "test": '''
-
-def test_no_color_argument_wins_over_force_color_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORCE_COLOR", "1")
-    assert colored("text", color="red", no_color=True) == "text"
-    assert colored("text", color="red", no_color=False) == "\\x1b[31mtext\\x1b[0m"
-''',
-        "problem_statement": (
-            "termcolor.colored(..., no_color=True) still colours the text\n\n"
-            "With FORCE_COLOR set, `termcolor.colored('text', 'red', no_color=True)` returns the coloured string, "
-            "and `no_color=False` returns plain text: the no_color argument works the wrong way round. The "
-            "argument must win over the environment. Fix src/termcolor/termcolor.py."),
-    },
-]
+def load_projects(path: Path) -> list[dict]:
+    """The projects of a mini-projects.toml, each with what its fields imply: the sdist under sources/,
+    its PyPI URL, the bug patch under bugs/ and the test command."""
+    try:
+        projects = tomllib.loads(Path(path).read_text())["project"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as e:
+        raise SystemExit(f"{path}: cannot read the projects ([[project]] tables): {type(e).__name__}: {e}") from None
+    out = []
+    for n, p in enumerate(projects, 1):
+        missing = FIELDS - set(p)
+        if missing:
+            raise SystemExit(f"{path}: project {n} ({p.get('instance_id', '?')}) lacks {sorted(missing)}")
+        pkg, version = p["package"], p["version"]
+        out.append({**p, "sdist": f"sources/{pkg}-{version}.tar.gz", "bug_patch": f"bugs/{p['bug']}.patch",
+                    "url": PYPI_SDIST.format(initial=pkg[0], package=pkg, version=version),
+                    "test_cmd": " ".join(filter(None, (p.get("test_env"), PYTEST, p["test_file"])))})
+    return out
 
 
 def _status(container, inst: dict) -> dict[str, str]:
@@ -111,9 +75,9 @@ def _measure(client, inst: dict, repo: Path) -> tuple[dict, dict]:
 
 
 def make(outdir: Path) -> list[dict]:
-    client = _client()
+    client = docker_client()
     rows = []
-    for p in PROJECTS:
+    for p in load_projects(outdir / PROJECTS_FILE):
         src = {"sdist": p["sdist"], "sha256": sha256(outdir / p["sdist"]), "url": p["url"], "bug_patch": p["bug_patch"]}
         inst = {"instance_id": p["instance_id"], "repo": p["repo"], "version": p["version"], "polar_source": src}
         with tempfile.TemporaryDirectory() as tmp:

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness_recipes.docker_engine import docker_client_or_none
 from harness_recipes.tasks.swebench.environment import PYTHONS, Refused, environment, spec_refusal
 from harness_recipes.tasks.swebench.specs import SpecError, language, source, spec_for, tables
 
@@ -35,7 +36,7 @@ class Decision:
 
 
 def decide(inst: dict, repo: Path | None, repos: Path | None, client=None) -> Decision:
-    from harness_recipes.runtimes.images import find_official, official_candidates, uses_spec
+    from harness_recipes.tasks.swebench.images import find_official, official_candidates, uses_spec
     try:
         python = str(spec_for(inst["repo"], inst["version"]).get("python", ""))
     except SpecError:
@@ -66,13 +67,7 @@ def decide(inst: dict, repo: Path | None, repos: Path | None, client=None) -> De
 
 def docker_client():
     """The local engine, or None (then no official image can be found: the plan says so)."""
-    try:
-        import docker
-        c = docker.from_env(version="auto", timeout=30)
-        c.ping()
-        return c
-    except Exception:  # no SDK, no socket, no permission: plan without it
-        return None
+    return docker_client_or_none()
 
 
 def plan(tasks, client) -> list[Decision]:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..cache import polar_cache
+from harness_recipes.cache import polar_cache
 
 PLATFORM = "manylinux2014_x86_64"
 

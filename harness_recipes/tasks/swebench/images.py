@@ -1,0 +1,318 @@
+"""Per-instance docker images for SWE-bench tasks: the official one when present, else built here.
+
+The task resolves its image here (`task_image`), the docker runtime runs it.
+
+Order, per instance (`instance_image`; `find_official` alone for the planner):
+1. the instance's ``image`` field, if docker has that image locally;
+2. the official image under either of its names, if docker has it locally (Polar never pulls):
+   swebench's local-build name ``sweb.eval.x86_64.<instance_id>:latest`` (`make_image_spec(...).name`)
+   or the registry's ``swebench/sweb.eval.x86_64.<owner>_1776_<repo>-<n>:latest`` (what
+   `docker pull` of the published images leaves). Those run as the official harness runs them:
+   the conda env /opt/miniconda3/envs/testbed activated by the eval script (eval_script.py);
+3. else Polar builds ``polar-sweb.eval.<instance_id>:<key>`` (key: a hash of everything it is made of):
+   - the base: a real Debian root made by `debootstrap --variant=minbase` from the Debian archive
+     (BASE_PACKAGES), `docker import`ed as ``polar-swebench-base:<key>``. Its tarball is kept in
+     $POLAR_CACHE/swebench/ so a machine (CI) runs debootstrap once;
+   - an official row (no eval_script of its own): its test environment from the spec
+     (environment.py): a venv of the base's Python at eval_script.VENV, the requirements and
+     pip_packages installed from wheels that the host downloaded from PyPI (`pip download`, kept in
+     $POLAR_CACHE/swebench/wheels/), the spec's install command run in /testbed. The build itself
+     runs with ``--network none``: pip reads only the wheels in the image (PIP_NO_INDEX), which stay
+     there so the eval script's re-install works offline too;
+   - Polar's bundled instances (and rows with their own test_cmd): the base as is (python3,
+     pytest from Debian), their eval_script;
+   - either way /testbed is the repository at base_commit, its .git holding base_commit and its
+     ancestors only (base_only_repo): a fresh repository that fetched base_commit alone, so no
+     later commit (the gold fix) is in the image on any ref, reflog or as a stray object.
+
+Builds of one image run once per process (a lock per tag), whichever episode asks first: the
+scheduler's prewarm phase asks while earlier episodes run, so the next image builds in parallel.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from harness_recipes.cache import polar_cache
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# python3-coverage: termcolor's pytest configuration names a coverage warning class.
+BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", "git", "ca-certificates", "patch")
+BASE_VERSION = 1  # bump when the base's recipe changes in a way its key does not show
+WORKDIR = "/testbed"
+# 2: /testbed holds base_commit and its ancestors only (base_only_repo); 1 held every ref of the clone.
+TESTBED_VERSION = 2
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def base_key() -> str:
+    spec = f"{BASE_VERSION}|{SUITE}|{MIRROR}|minbase|{','.join(BASE_PACKAGES)}"
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def base_tag() -> str:
+    return f"polar-swebench-base:{base_key()}"
+
+
+def official_name(inst: dict) -> str:
+    """swebench's own name for the instance image (its ImageSpec.name; no namespace: local)."""
+    from swebench.image_builder.image_spec import make_image_spec
+    return make_image_spec(inst, dockerfile="# the official image, built by swebench").name
+
+
+def registry_name(inst: dict) -> str:
+    """The published image's name on Docker Hub (`docker pull` leaves it under this name)."""
+    return f"swebench/sweb.eval.x86_64.{inst['instance_id'].lower().replace('__', '_1776_')}:latest"
+
+
+def official_candidates(inst: dict) -> list[str]:
+    """The names an official image of the instance may have locally, the row's own first."""
+    names = [inst["image"]] if inst.get("image") else []
+    return names + [n for n in (official_name(inst), registry_name(inst)) if n not in names]
+
+
+def find_official(client, inst: dict) -> tuple[str, str] | None:
+    """(image, 'instance' | 'official') when the local engine has an official image of the instance."""
+    for i, name in enumerate(official_candidates(inst)):
+        if _exists(client, name):
+            return name, "instance" if inst.get("image") and i == 0 else "official"
+    return None
+
+
+def uses_spec(inst: dict) -> bool:
+    """An official row as published: its image is built from its spec (eval_script.spec_based)."""
+    from harness_recipes.tasks.swebench.eval_script import spec_based
+    return spec_based(inst)
+
+
+def polar_name(inst: dict, env=None) -> str:
+    iid = inst["instance_id"].lower().replace("__", "_1776_")
+    # The tag changes with anything the image is made of: the base, the commit, the Dockerfile, the env.
+    env_key = env.key() if env is not None else "-"
+    key = hashlib.sha256(f"{base_tag()}|{inst['base_commit']}|{dockerfile(base_tag(), env)}|{TESTBED_VERSION}|"
+                         f"{env_key}".encode()).hexdigest()[:12]
+    return f"polar-sweb.eval.{iid}:{key}"
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(tag: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(tag, threading.Lock())
+
+
+def _exists(client, tag: str) -> bool:
+    import docker
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def image_path(how: str) -> str:
+    """'official' (an official image, its conda env) or 'built' (built here) from instance_image's how."""
+    return "official" if how in ("instance", "official") else "built"
+
+
+def instance_image(client, inst: dict, repo: Path | None, log=lambda m: None, repos: Path | None = None,
+                   ) -> tuple[str, str]:
+    """(image tag, how it was found: 'instance' | 'official' | 'built' | 'cached') for an instance."""
+    found = find_official(client, inst)
+    if found is not None:
+        return found
+    env = None
+    if uses_spec(inst):
+        from harness_recipes.tasks.swebench.environment import Refused, environment
+        try:
+            env = environment(inst, repo, repos)
+        except Refused as e:
+            raise ImageError(f"{inst['instance_id']}: no official image ({', '.join(official_candidates(inst))}) "
+                             f"in the local docker, and it cannot be built here: {e}") from None
+    tag = polar_name(inst, env)
+    with _lock(tag):
+        if _exists(client, tag):
+            return tag, "cached"
+        if repo is None:
+            raise ImageError(f"{inst['instance_id']}: no image {official_name(inst)} in the local docker, and no "
+                             "local repository to build one from (give --repos DIR, or build the official images "
+                             "with the swebench package)")
+        base = ensure_base(client, log)
+        wheels = None
+        if env is not None:
+            from harness_recipes.tasks.swebench.wheels import WheelError, download_wheels
+            log(f"{inst['instance_id']}: downloading its environment's wheels from PyPI (kept in the cache)")
+            try:
+                wheels = download_wheels(env)
+            except WheelError as e:
+                raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
+        build_instance(client, inst, repo, base, tag, env, wheels)
+    return tag, "built"
+
+
+def task_image(client, task, log=lambda m: None) -> tuple[str, str]:
+    """instance_image for a SWE-bench task (task.swebench, its repository task.git_repo, the row's
+    polar_repos): what the docker runtime runs. Any failure is an ImageError naming the instance."""
+    inst = task.swebench
+    repos = Path(inst["polar_repos"]) if inst.get("polar_repos") else None
+    try:
+        return instance_image(client, inst, task.git_repo, log, repos)
+    except ImageError:
+        raise
+    except Exception as e:  # docker API errors while building or importing
+        raise ImageError(f"{inst['instance_id']}: image build failed: {type(e).__name__}: {e}") from None
+
+
+def dockerfile(base: str, env=None) -> str:
+    lines = [f"FROM {base}"]
+    if env is not None:
+        from harness_recipes.tasks.swebench.eval_script import VENV
+        act = f". {VENV}/bin/activate"
+        lines += [
+            "COPY wheels /opt/polar/wheels",
+            "COPY requirements.txt /opt/polar/requirements.txt",
+            # offline: pip reads the wheels in the image only, now and in the eval script's re-install
+            "ENV PIP_NO_INDEX=1 PIP_FIND_LINKS=/opt/polar/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 "
+            "PIP_NO_CACHE_DIR=1",
+            # Debian's python3 has venv but not ensurepip (python3-venv): pip comes from its wheel
+            f"RUN python3 -m venv --without-pip {VENV} && {VENV}/bin/python /opt/polar/wheels/$(cd /opt/polar/wheels "
+            "&& ls pip-*.whl | head -1)/pip install -q pip",
+        ]
+        if env.requirements.strip():
+            lines.append(f"RUN {act} && python -m pip install -q -r /opt/polar/requirements.txt")
+        if env.pip_packages:
+            lines.append(f"RUN {act} && python -m pip install -q {' '.join(shlex.quote(p) for p in env.pip_packages)}")
+    lines += [f"COPY testbed {WORKDIR}",
+              # the repository is root's in the image but the tests may run as another uid: trust it
+              f"RUN git config --system --add safe.directory {WORKDIR} && git -C {WORKDIR} status --short | head -5",
+              f"WORKDIR {WORKDIR}"]
+    if env is not None:
+        from harness_recipes.tasks.swebench.eval_script import VENV
+        lines.append(f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                     "/sbin:/bin")
+        lines += [f"RUN . {VENV}/bin/activate && {cmd}" for cmd in env.setup]
+        # what the install step left in the tree is part of the pristine tree, as in the official images
+        lines.append(f"RUN git -C {WORKDIR} status --short | head -5")
+    return "\n".join(lines + [""])
+
+
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0", "LANG": "C"}
+    return subprocess.run(["git", "-c", "advice.detachedHead=false", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+
+
+def base_only_repo(repo: Path, base_commit: str, dest: Path) -> None:
+    """dest: a new repository holding base_commit and its ancestors only, checked out on branch
+    `main`. Later commits (the gold fix, the test patch) are never fetched: no ref, reflog, tag,
+    remote, FETCH_HEAD or loose object can lead the agent to them."""
+    dest.mkdir(parents=True)
+    steps = [["init", "-q", "-b", "main"],
+             # only what base_commit reaches travels (a pack of exactly those objects)
+             ["-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--upload-pack",
+              "git -c uploadpack.allowAnySHA1InWant=true upload-pack", str(Path(repo).resolve()), base_commit],
+             ["update-ref", "refs/heads/main", base_commit],
+             ["checkout", "-q", "-f", "main"],
+             ["reflog", "expire", "--expire=now", "--all"],
+             ["gc", "-q", "--prune=now"]]
+    for args in steps:
+        proc = _git(args, dest)
+        if proc.returncode != 0:
+            raise ImageError(f"cannot check out base_commit {base_commit} of {repo}: git {args[0]}: "
+                             f"{proc.stderr.strip()[-300:]}")
+    (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
+    later = history_after(dest, base_commit)
+    if later:
+        raise ImageError(f"the repository for the image still reaches commits after {base_commit}: {later[:3]}")
+
+
+def history_after(repo: Path, base_commit: str) -> list[str]:
+    """Commits in repo that are not base_commit or its ancestors: on any ref, or unreachable but stored."""
+    every = set(_git(["rev-list", "--all", "--reflog"], repo).stdout.split())
+    ancestry = set(_git(["rev-list", base_commit], repo).stdout.split())
+    dangling = _git(["fsck", "--unreachable", "--no-reflogs", "--no-progress"], repo).stdout.split("\n")
+    loose = {line.split()[-1] for line in dangling if line.startswith("unreachable commit")}
+    return sorted((every - ancestry) | loose)
+
+
+def build_instance(client, inst: dict, repo: Path, base: str, tag: str, env=None, wheels: Path | None = None) -> None:
+    import docker
+    with tempfile.TemporaryDirectory(prefix="polar-image-") as ctx:
+        try:
+            base_only_repo(repo, inst["base_commit"], Path(ctx) / "testbed")
+        except ImageError as e:
+            raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
+        if env is not None:
+            shutil.copytree(wheels, Path(ctx) / "wheels")
+            (Path(ctx) / "requirements.txt").write_text(env.requirements)
+        (Path(ctx) / "Dockerfile").write_text(dockerfile(base, env))
+        try:
+            client.images.build(path=ctx, tag=tag, network_mode="none", rm=True, forcerm=True,
+                                labels={"polar.swebench.instance": inst["instance_id"]})
+        except docker.errors.BuildError as e:
+            tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-20:])
+            raise ImageError(f"{inst['instance_id']}: image build failed: {e.msg}\n{tail[-1500:]}") from None
+
+
+def base_tarball() -> Path:
+    return polar_cache("swebench", f"debian-{SUITE}-minbase-{base_key()}.tar.gz")
+
+
+def ensure_base(client, log=lambda m: None) -> str:
+    tag = base_tag()
+    with _lock(tag):
+        if _exists(client, tag):
+            return tag
+        tarball = base_tarball()
+        if not tarball.is_file():
+            log(f"building the Debian base ({SUITE}, minbase + {', '.join(BASE_PACKAGES)}) with debootstrap: "
+                f"about a minute, once; kept in {tarball}")
+            make_base_tarball(tarball)
+        log(f"docker import {tarball} {tag}")
+        repo, t = tag.split(":")
+        with open(tarball, "rb") as f:
+            client.api.import_image_from_data(f, repository=repo, tag=t)
+        if not _exists(client, tag):
+            raise ImageError(f"docker import of {tarball} did not create {tag}")
+    return tag
+
+
+def make_base_tarball(dest: Path) -> None:
+    exe = shutil.which("debootstrap") or ("/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)
+    if exe is None:
+        raise ImageError("building the SWE-bench base image needs debootstrap (apt-get install -y debootstrap), "
+                         "or the official instance images in the local docker")
+    if os.geteuid() != 0:
+        raise ImageError("debootstrap needs root to build the SWE-bench base image (or pre-build the official "
+                         "instance images with the swebench package)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="polar-debootstrap-", dir=dest.parent) as tmp:
+        root = Path(tmp) / "root"
+        proc = subprocess.run([exe, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root),
+                               MIRROR], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageError(f"debootstrap failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
+        # Downloaded .debs and package lists: half the size, no use in a test image.
+        for d in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for p in (root / d).glob("*"):
+                if p.is_file():
+                    p.unlink()
+        part = Path(tmp) / "base.tar.gz"
+        proc = subprocess.run(f"tar --numeric-owner -C {root} -cf - . | gzip -1 > {part}", shell=True,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageError(f"packing the Debian root failed: {proc.stderr[-500:]}")
+        part.rename(dest)
