@@ -42,7 +42,7 @@ def extract(cap: CallTokens, obj: dict) -> None:
             cap.set_prompt(cprompt)
         if "token_ids" in ch:  # vLLM (stream deltas / full list); newer SGLang non-streaming
             acc.add_ids(ch["token_ids"])
-        if "response_token_ids" in ch:  # SGLang non-streaming (wire-formats.md)
+        if "response_token_ids" in ch:  # SGLang non-streaming (docs/reference.md, "Wire formats")
             acc.set_ids(ch["response_token_ids"])
         cmeta = cget("meta_info")  # SGLang non-streaming with return_meta_info
         if cmeta is not None and isinstance(cmeta, dict) and cmeta.get("weight_version") is not None:

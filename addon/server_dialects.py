@@ -1,14 +1,14 @@
 """Server dialects (sans-IO): which request fields make vLLM / SGLang return token ids and
 logprobs, and exactly which response fields those flags add (so the proxy can take them out again).
 
-Field names are from wire-formats.md (vLLM 0.33, SGLang 0.5.23):
+Field names are from docs/reference.md, "Wire formats" (vLLM 0.32, SGLang 0.5.23):
 - vLLM, chat and completions: ``return_token_ids: true``. Chat puts ``prompt_token_ids`` top level
   (streams: on the first chunk) and ``token_ids`` on each choice; completions put both on the
   choice. Where vLLM writes these keys as ``null`` when not requested the proxy puts ``null`` back,
   elsewhere it deletes them (``ID_FIELDS``). With the flag (or logprobs) vLLM also sends chat
   chunks whose delta is empty; the proxy drops them unless the harness asked for logprobs.
 - SGLang, non-streaming chat: ``return_prompt_token_ids`` / ``return_token_ids`` give
-  ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids`` (wire-formats.md); newer
+  ``choices[i].prompt_token_ids`` / ``choices[i].response_token_ids`` (docs/reference.md, "Wire formats"); newer
   SGLang sources name the output ids ``choices[i].token_ids`` and let ``return_token_ids`` imply
   the prompt ids: both shapes are read, and only the keys the harness's own flags would not have
   produced are removed. The proxy also sets ``return_meta_info`` (unless the harness did) for
@@ -235,7 +235,7 @@ def _strip_sglang_chat(plan: Plan, obj: dict) -> bool:
 
 def _empty_chunk(obj: dict) -> bool:
     """A vLLM chat chunk that only exists because of the proxy's flags: with return_token_ids or
-    logprobs vLLM sends a chunk even for a token that produced no text delta (wire-formats.md);
+    logprobs vLLM sends a chunk even for a token that produced no text delta (docs/reference.md, "Wire formats");
     without them it skips the token."""
     choices = obj.get("choices")
     if not choices:  # (the usage chunk; with continuous_usage_stats every chunk has usage: no test)

@@ -141,7 +141,8 @@ class _Base:
 
     def release(self) -> None:
         """Drop the per-flow buffers now: mitmproxy keeps this callable on the finished flow, and
-        finished flows wait for the cyclic GC (proxy-performance.md: ~500 MB at 64 streams)."""
+        finished flows wait for the cyclic GC (~500 MB at 64 streams: docs/benchmarks/proxy.md,
+        "Anchors measured before the addon")."""
         self.parser = SSEParser()
         self.assembler = None
         self.t = None

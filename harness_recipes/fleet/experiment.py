@@ -127,7 +127,7 @@ def _check_rollout(exp: Experiment, w: str) -> None:
     base = exp.path.parent
     if "tasks" in r:
         spec = _get(r, "tasks", str, where)
-        swe = is_swebench_spec(spec)  # swebench:FILE, SWE-bench instances (swebench.py)
+        swe = is_swebench_spec(spec)  # swebench:FILE, SWE-bench instances (harness_recipes/tasks/swebench/)
         f = _resolve(base, spec[len(PREFIX):] if swe else spec)
         if not f.exists():
             exp.notes.append(f"tasks file {f} is not on this machine: its shape was not checked")

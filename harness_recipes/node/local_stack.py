@@ -6,7 +6,7 @@ harness_recipes.demo.scripted_vllm: nothing under node/ imports the demo.
     with serve(model_dir, script=...) as srv, capture_proxy(srv.url, logdir) as proxy:
         ... polar-rollout ... --proxy proxy.url --logdir logdir
 
-Both are real subprocesses bound to 127.0.0.1 (procs.running), stopped by pid (TERM, then KILL)
+Both are real subprocesses bound to 127.0.0.1 (harness_recipes.node.processes.running), stopped by pid (TERM, then KILL)
 when the block exits, whatever way it exits. polar-serve reports its own port; mitmdump gets a
 free port we pick and is ready when it accepts a connection.
 """

@@ -41,7 +41,7 @@ class Task:
     eval_patch: str = ""  # applied just before evaluation (tests the agent must not see)
     script: Path | None = None
     extra: dict = field(default_factory=dict)
-    # A SWE-bench instance (swebench.py): graded by swebench, run in the instance's image under docker.
+    # A SWE-bench instance (harness_recipes/tasks/swebench/): graded by swebench, run in the instance's image under docker.
     swebench: dict | None = None
 
 

@@ -4,7 +4,7 @@ One rule set per server (`RenderRules`, below): polar-serve renders its prompts 
 `retokenize` baseline of reconstruction renders conversations with them, so both follow the same
 reading of the servers.
 
-Sources followed (read through the code index; see wire-formats.md for the byte-exact findings):
+Sources followed (read through the code index; see docs/reference.md, "Wire formats", for the byte-exact findings):
 - vLLM `entrypoints/chat_utils.py` (`_parse_chat_message_content`, `_postprocess_messages`) and
   `chat_completion/protocol.py` (`ChatCompletionToolsParam`, `FunctionDefinition`): text content parts
   are joined with "\\n" for a "string"-format template such as Qwen3's; assistant tool-call

@@ -1,7 +1,7 @@
 """A vLLM V1 logits processor that makes the served model emit a given token sequence (vLLM unchanged).
 
 Loaded by vLLM itself, in vLLM's own environment: this file imports only torch and vllm, and its
-folder (harness_recipes/vllm_plugin/, nothing else in it) is put on vLLM's PYTHONPATH with
+folder (harness_recipes/demo/vllm_plugin/, nothing else in it) is put on vLLM's PYTHONPATH with
 
     --logits-processors polar_forced_reply:ForcedReply
 
