@@ -16,8 +16,8 @@ import numpy as np
 
 from polar_contracts.log.arrays import Episode
 
+from .diagnostics import inspect_rows
 from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, TurnMarkers, link_calls, segments
-from .report import inspect_rows
 from .strategies import token_sequences
 
 CSS = """

@@ -37,11 +37,12 @@ EVAL = "eval"  # object: how it was graded, what the evaluation found; copied in
 ISOLATION = "isolation"  # str: how the harness was confined (bubblewrap | docker | none)
 CONTROL_PLANE = "control_plane"  # str: whether the proxy's control plane was secured (secured | open)
 AUXILIARY_RULES = "auxiliary_rules"  # list of {"name", "match"}: the recipe's auxiliary calls (auxiliary.py)
+TIMEOUT = "timeout"  # bool: the episode was ended on a timeout (also STATUS "timeout")
 POLAR_INCOMPLETE = "polar_incomplete"  # list of str: the proxy's writer: what the log lost (then discard)
 
 KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     TASK_ID: str, SAMPLE: int, GROUP_ID: str, HARNESS: str, STATUS: str, DISCARD: bool, REASON: str,
-    EVAL: dict, ISOLATION: str, CONTROL_PLANE: str, AUXILIARY_RULES: list, POLAR_INCOMPLETE: list,
+    EVAL: dict, ISOLATION: str, TIMEOUT: bool, CONTROL_PLANE: str, AUXILIARY_RULES: list, POLAR_INCOMPLETE: list,
 }
 
 

@@ -24,8 +24,8 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     from polar_contracts.log.arrays import read_calls
     from polar_contracts.log.table import LogError
 
+    from ..diagnostics import Drift, drift_episode
     from ..link import TurnMarkers
-    from ..report import Drift, drift_episode
     from ..strategies import ReconError, Retokenizer
 
     m, retok = TurnMarkers.load(tokenizer), Retokenizer(tokenizer)
@@ -33,7 +33,7 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     ends = data.ends
     if ends.is_empty():
         return out
-    discard = ends["meta"].struct.field("discard").fill_null(False)
+    discard = ends["discarded"]
     for h in ends.filter(~discard)["harness"].unique().sort().to_list():
         d = Drift()
         # one episode at a time: linking and re-tokenizing are per episode (what `drift` does)

@@ -441,7 +441,7 @@ def test_shards_carry_the_sampling_the_server_applied(tmp_path):
         "mixed": (None, 0.95, 20, 0.0, "processed", f"presence_penalty=0.5; {MIXED}"),
         "recorded": (0.6, 0.95, 20, 0.0, "processed", None),
     }
-    from polar_recon.report import shard_stats
+    from polar_recon.diagnostics import shard_stats
     st = shard_stats(tmp_path / "out")
     assert st["logprobs_modes"] == {"None": 3, "processed": 2} and st["sampling_unsupported_rows"] == 1
     # only the top-level field counts; a message that talks about temperature is not a setting
