@@ -22,8 +22,8 @@ from polar_contracts.log.table import LogError
 from polar_recon.shard_writer import GroupRows, Manifest, ShardWriter
 
 from .fidelity import check_sequences
-from .link import DEFAULT_TOKENIZER, TurnMarkers
 from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 
 class RewardsError(ValueError):

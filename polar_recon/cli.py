@@ -18,8 +18,8 @@ from .build import watch as watch_shards
 from .diagnostics import drift as run_drift
 from .diagnostics import inspect_rows, shard_stats
 from .html import render_episode
-from .link import DEFAULT_TOKENIZER, TurnMarkers
 from .strategies import STRATEGIES, Retokenizer
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 
 def _tqdm(total: int, desc: str):

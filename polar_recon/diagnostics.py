@@ -22,8 +22,9 @@ from polar_contracts.prefix import common_prefix
 from polar_contracts.shards import MANIFEST
 from polar_recon.shard_writer import list_shards
 
-from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
+from .link import CLEAN, REALIGN, link_calls, segments
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
+from .tokens import TurnMarkers
 
 # ---------------------------------------------------------------------------------------------
 # inspect

@@ -27,7 +27,8 @@ from polar_contracts.translate import gemini_to_chat, messages_to_chat, response
 from polar_contracts.weight_versions import is_marker
 
 from .fidelity import context_alignment, reason_of, span_tokens
-from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Alignment, Node, TurnMarkers, link_calls, segments
+from .link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, Alignment, Node, link_calls, segments
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 STRATEGIES = ("token", "per-call", "retokenize")
 

@@ -25,8 +25,8 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     from polar_contracts.log.table import LogError
 
     from ..diagnostics import Drift, drift_episode
-    from ..link import TurnMarkers
     from ..strategies import ReconError, Retokenizer
+    from ..tokens import TurnMarkers
 
     m, retok = TurnMarkers.load(tokenizer), Retokenizer(tokenizer)
     out = {}
@@ -49,7 +49,7 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
 def run_compare(inputs: list[str], logdirs: list[str], trainers: list[str], *, solved_at: float = 1.0,
                 drift: bool = False, tokenizer: str | os.PathLike | None = None, html_path: str | None = None,
                 max_views: int = 20) -> dict[str, Any]:
-    from ..link import DEFAULT_TOKENIZER
+    from ..tokens import DEFAULT_TOKENIZER
 
     tokenizer = tokenizer or DEFAULT_TOKENIZER
     try:

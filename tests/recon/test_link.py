@@ -7,8 +7,9 @@ import pytest
 from polar_contracts.log.arrays import read_calls
 from polar_contracts.prefix import common_prefix
 from polar_recon import EpisodeWriter
-from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, TurnMarkers, link_calls, segments
+from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, link_calls, segments
 from polar_recon.strategies import per_call_sequences, token_sequences
+from polar_recon.tokens import TurnMarkers
 
 from . import logs as L
 
