@@ -355,6 +355,7 @@ def test_a_sampled_id_past_the_tokenizer_forks(tmp_path, monkeypatch, decoder):
     class explains. That is a FORK (each call trains on what it was served), never a crash of the
     reconstruction and never a REALIGN that "sees the same text"."""
     import polar_recon.link as link
+    import polar_recon.tokens as tokens
     from polar_recon import testing
 
     pad = 151838
@@ -370,8 +371,8 @@ def test_a_sampled_id_past_the_tokenizer_forks(tmp_path, monkeypatch, decoder):
     m = M
     if decoder == "rust":  # the path for tokenizers that are not byte-level BPE
         from tokenizers import Tokenizer
-        rust = link._RustDecoder(Tokenizer.from_file(str(L.TOKENIZER_DIR / "tokenizer.json")))
-        monkeypatch.setattr(link, "_decoder", lambda _dir: rust)
+        rust = tokens._RustDecoder(Tokenizer.from_file(str(L.TOKENIZER_DIR / "tokenizer.json")))
+        monkeypatch.setattr(tokens, "_decoder", lambda _dir: rust)
         link._turn_classes.cache_clear()
         with pytest.raises(ValueError, match="not in the tokenizer's vocabulary: \\[151838\\]"):
             rust.decode([pad])
