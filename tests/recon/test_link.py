@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from polar_contracts.log.arrays import read_calls
+from polar_contracts.log.writer import EpisodeWriter
 from polar_contracts.prefix import common_prefix
-from polar_recon import EpisodeWriter
 from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, link_calls, segments
 from polar_recon.strategies import per_call_sequences, token_sequences
 from polar_recon.tokens import TurnMarkers
@@ -249,7 +249,7 @@ def test_per_call_strategy(tmp_path):
 
 
 def test_fast_reader_agrees_with_read_episode(tmp_path):
-    from polar_recon import read_episode
+    from polar_contracts.log.reader import read_episode
 
     L.episode(tmp_path, "e", lambda c: L.two_tool_turns(c, reasoning=("", "")), harness="qwen-code")
     a, b = read_calls(tmp_path / "e.arrow"), read_episode(tmp_path / "e.arrow")
