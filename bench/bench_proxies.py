@@ -29,7 +29,7 @@ import aiohttp
 
 from harness_recipes.node.processes import free_port, running
 from harness_recipes.node.proxies import proxy_pool
-from polar_recon import read_episode
+from polar_contracts.log.reader import read_episode
 
 BENCH = Path(__file__).resolve().parent
 

@@ -47,7 +47,7 @@ import psutil
 from harness_recipes.node.local_stack import addon_script, mitmdump
 from harness_recipes.node.processes import free_port, running
 from polar_contracts.assets import QWEN3_TOKENIZER
-from polar_recon import read_episode
+from polar_contracts.log.reader import read_episode
 
 BENCH = Path(__file__).resolve().parent
 QWEN = BENCH.parent / "tests" / "fixtures" / "harness-requests" / "qwen-code.jsonl"

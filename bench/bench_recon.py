@@ -43,7 +43,7 @@ def _peak_mb() -> float:
 
 
 def make_logs(logdir: Path, episodes: int, calls: int, max_prompt: int, seed: int = 0) -> dict:
-    from polar_recon import EpisodeWriter
+    from polar_contracts.log.writer import EpisodeWriter
 
     rng = np.random.default_rng(seed)
     logdir.mkdir(parents=True, exist_ok=True)

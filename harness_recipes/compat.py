@@ -136,7 +136,7 @@ def scripted_stack(logdir: Path):
 
 
 def build_rows(names: list[str], keep: Path | None = None, echo=print) -> list[dict[str, str]]:
-    from polar_recon.link import DEFAULT_TOKENIZER, TurnMarkers
+    from polar_recon.tokens import DEFAULT_TOKENIZER, TurnMarkers
 
     markers = TurnMarkers.load(DEFAULT_TOKENIZER)
     with contextlib.ExitStack() as stack:

@@ -24,7 +24,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METADATA_KEY = "auxiliary_rules"
+from polar_contracts.log.end_record import AUXILIARY_RULES as METADATA_KEY  # the end metadata key
+
 MATCH_KEYS = frozenset({"api", "tools", "body_has", "system_contains"})
 
 

@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_contracts.log.arrays import EpisodeHead, list_logs, read_calls, read_head
+from polar_contracts.log import end_record as end
+from polar_contracts.log.arrays import list_logs, read_calls
+from polar_contracts.log.end_record import EpisodeHead, GroupKeyError, read_head
 from polar_contracts.log.table import LogError
 from polar_recon.shard_writer import GroupRows, Manifest, ShardWriter
 
 from .fidelity import check_sequences
-from .link import DEFAULT_TOKENIZER, TurnMarkers
 from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 
 class RewardsError(ValueError):
@@ -59,7 +61,7 @@ def load_rewards(path: str | os.PathLike) -> dict[str, float]:
 class Options:
     strategy: str = "token"
     rewards: dict[str, float] | None = None
-    group_by: str | None = None  # metadata key; None: metadata "group_id" if present, else the episode
+    group_by: str | None = None  # metadata key; None: end_record.GROUP_ID if present, else the episode
     shard_size: int = 256  # rows per shard, at least (groups are never split)
     group_size: int | None = None  # episodes per complete group, when known
     include_incomplete: bool = False  # build: write groups short of group_size, flagged
@@ -119,19 +121,16 @@ class Report:
 def is_discarded(head: EpisodeHead) -> bool:
     """The rollout node cut the episode short itself (harness_recipes: status error/interrupted)
     and said so in the end record: its calls are no training signal, whatever its reward."""
-    return head.metadata.get("discard") is True
+    return end.is_discarded(head.metadata)
 
 
 def group_of(head: EpisodeHead, group_by: str | None) -> str:
-    if group_by is None:
-        g = head.metadata.get("group_id")
-        return head.episode_id if g is None else str(g)
-    if group_by == "episode":
-        return head.episode_id
-    if group_by not in head.metadata:
-        raise ReconError(f"{head.path}: episode {head.episode_id}: metadata has no {group_by!r} to group by "
-                         f"(keys: {sorted(head.metadata)})")
-    return str(head.metadata[group_by])
+    """The end record's group (polar_contracts/log/end_record.py group_of), as a ReconError
+    naming the file when --group-by names a key the record lacks."""
+    try:
+        return end.group_of(head.metadata, head.episode_id, group_by)
+    except GroupKeyError as exc:
+        raise ReconError(f"{head.path}: {exc}") from None
 
 
 class Builder:
@@ -184,7 +183,7 @@ def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Ma
             continue
         if is_discarded(head):
             report.discarded.append(head.episode_id)
-            manifest.exclude(head.episode_id, "discard", head.metadata.get("status"))
+            manifest.exclude(head.episode_id, "discard", head.metadata.get(end.STATUS))
             continue
         reward = (opts.rewards or {}).get(head.episode_id, head.reward)
         if reward is None:
@@ -236,8 +235,8 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
             report.errors.append((str(head.path), f"episode {head.episode_id}: no usable call ({why})"))
             continue
         rows.episodes.append((head.episode_id, reward, seqs))
-        if isinstance(head.metadata.get("eval"), dict):
-            rows.evals[head.episode_id] = json.dumps(head.metadata["eval"], sort_keys=True)
+        if isinstance(head.metadata.get(end.EVAL), dict):
+            rows.evals[head.episode_id] = json.dumps(head.metadata[end.EVAL], sort_keys=True)
         rows.excluded += excluded
         report.excluded_calls += excluded
         report.built.append(head.episode_id)

@@ -7,18 +7,19 @@ from pathlib import Path
 
 import click
 
-from polar_contracts.log.arrays import read_calls
+from polar_contracts.log import end_record as end
+from polar_contracts.log.arrays import Episode, read_calls
 from polar_contracts.log.table import LogError
 from polar_recon.shard_writer import ManifestError
 
 from .build import Options, Report, RewardsError, load_rewards, model_max_len
 from .build import build as build_shards
 from .build import watch as watch_shards
+from .diagnostics import drift as run_drift
+from .diagnostics import inspect_rows, shard_stats
 from .html import render_episode
-from .link import DEFAULT_TOKENIZER, TurnMarkers
-from .report import drift as run_drift
-from .report import inspect_rows, shard_stats
 from .strategies import STRATEGIES, Retokenizer
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 
 def _tqdm(total: int, desc: str):
@@ -59,6 +60,16 @@ def _resolve_episode(episode: str, logdir: str | None) -> Path:
     if cand.exists():
         return cand
     raise click.BadParameter(f"no log {episode!r} (looked for {p} and {cand}; pass --logdir)", param_hint="EPISODE")
+
+
+def _read_episode_arg(episode: str, logdir: str | None) -> Episode:
+    """EPISODE (a log file, or an id in --logdir) read as calls; a log that cannot be read is a
+    ClickException naming the file (inspect and show)."""
+    path = _resolve_episode(episode, logdir)
+    try:
+        return read_calls(path)
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 tokenizer_opt = click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=str(DEFAULT_TOKENIZER),
@@ -160,16 +171,12 @@ def watch(logdir, out, strategy, rewards, group_by, shard_size, group_size, max_
 @tokenizer_opt
 def inspect(episode, logdir, as_json, tokenizer):
     """Per call of LOGFILE (or EPISODE in --logdir): api, tokens, link kind, timings, errors."""
-    path = _resolve_episode(episode, logdir)
-    try:
-        ep = read_calls(path)
-    except LogError as exc:
-        raise click.ClickException(str(exc)) from None
+    ep = _read_episode_arg(episode, logdir)
     rows = inspect_rows(ep, TurnMarkers.load(tokenizer))
-    discarded = ep.metadata.get("discard") is True
+    discarded = end.is_discarded(ep.metadata)
     if discarded:  # stderr: keeps --json output one object per call
         click.echo(f"{ep.episode_id}: DISCARDED by the rollout (metadata.discard, status "
-                   f"{ep.metadata.get('status')!r}): build and watch exclude it", err=True)
+                   f"{ep.metadata.get(end.STATUS)!r}): build and watch exclude it", err=True)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))
@@ -189,7 +196,7 @@ def inspect(episode, logdir, as_json, tokenizer):
 
 @main.command()
 @click.argument("logdir", type=click.Path(exists=True, file_okay=False))
-@click.option("--harness-key", default="harness", show_default=True, help="episode metadata key naming the harness")
+@click.option("--harness-key", default=end.HARNESS, show_default=True, help="episode metadata key naming the harness")
 @click.option("--json", "as_json", is_flag=True)
 @tokenizer_opt
 def drift(logdir, harness_key, as_json, tokenizer):
@@ -251,11 +258,7 @@ def stats(out, as_json):
 @tokenizer_opt
 def show(episode, html_path, logdir, tokenizer):
     """Write an HTML view of EPISODE: tokens, trainable spans, logprobs, turns, link kinds."""
-    path = _resolve_episode(episode, logdir)
-    try:
-        ep = read_calls(path)
-    except LogError as exc:
-        raise click.ClickException(str(exc)) from None
+    ep = _read_episode_arg(episode, logdir)
     page = render_episode(ep, TurnMarkers.load(tokenizer), tokenizer)
     tmp = Path(html_path).with_name(Path(html_path).name + ".tmp")
     tmp.write_text(page, encoding="utf-8")

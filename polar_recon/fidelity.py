@@ -17,7 +17,8 @@ import numpy as np
 
 from polar_contracts.log.arrays import Call, Episode
 
-from .link import Alignment, TurnMarkers, align
+from .link import Alignment, align
+from .tokens import TurnMarkers
 
 # why a sampled completion is not trained (manifest `excluded_calls`, report); a stable set of keys
 EXCLUDE_REASONS = {

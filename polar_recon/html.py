@@ -16,9 +16,10 @@ import numpy as np
 
 from polar_contracts.log.arrays import Episode
 
-from .link import CLEAN, DEFAULT_TOKENIZER, REALIGN, TurnMarkers, link_calls, segments
-from .report import inspect_rows
+from .diagnostics import inspect_rows
+from .link import CLEAN, REALIGN, link_calls, segments
 from .strategies import token_sequences
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 CSS = """
 body{font:14px/1.5 system-ui,sans-serif;margin:24px;color:#222;background:#fafafa}

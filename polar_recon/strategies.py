@@ -21,12 +21,14 @@ import numpy as np
 
 from polar_contracts.chat.render import RequestError, render_rules, render_text
 from polar_contracts.log.arrays import Call, Episode
+from polar_contracts.log.end_record import CONTROL_PLANE, ISOLATION, STATUS, TIMEOUT
 from polar_contracts.sampling_fields import combine
 from polar_contracts.translate import gemini_to_chat, messages_to_chat, responses_to_chat
 from polar_contracts.weight_versions import is_marker
 
 from .fidelity import context_alignment, reason_of, span_tokens
-from .link import AUX, CLEAN, DEFAULT_TOKENIZER, ERROR, FORK, REALIGN, RETRY, Alignment, Node, TurnMarkers, link_calls, segments
+from .link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, Alignment, Node, link_calls, segments
+from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 
 STRATEGIES = ("token", "per-call", "retokenize")
 
@@ -104,13 +106,13 @@ def _own_termination(call: Call) -> str:
 
 def isolation(ep: Episode) -> str | None:
     """How the rollout confined the harness (end metadata "isolation"); None when it did not say."""
-    value = (ep.metadata or {}).get("isolation")
+    value = (ep.metadata or {}).get(ISOLATION)
     return value if isinstance(value, str) else None
 
 
 def control_plane(ep: Episode) -> str | None:
     """Whether the proxy's control plane was secured (end metadata "control_plane"); None when unsaid."""
-    value = (ep.metadata or {}).get("control_plane")
+    value = (ep.metadata or {}).get(CONTROL_PLANE)
     return value if isinstance(value, str) else None
 
 
@@ -123,7 +125,7 @@ def termination(ep: Episode, calls: list[Call]) -> str:
     own = _own_termination(calls[-1])
     if own != "stop":
         return own
-    if ep.metadata.get("status") == "timeout" or ep.metadata.get("timeout") is True:
+    if ep.metadata.get(STATUS) == "timeout" or ep.metadata.get(TIMEOUT) is True:
         return "timeout"
     usable = [c for c in ep.calls if c.usable]
     return _own_termination(max(usable, key=lambda c: c.call_index)) if usable else own

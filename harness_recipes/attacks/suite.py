@@ -30,6 +30,7 @@ from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.recipe import ConfigFile, Recipe
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.control import SERVE_VERSION_PATH, SYNC_PATH, control_headers
+from polar_contracts.log.end_record import DISCARD
 from polar_contracts.log.reader import read_episode
 
 AGENT_DIR = "${home}/.polar-attack"
@@ -216,7 +217,7 @@ def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, befo
             wrong.append(f"{eid}: no log")
             continue
         log = read_episode(path)
-        if log.reward != r.get("reward") or log.metadata.get("discard") != r.get("discard", log.metadata.get("discard")):
+        if log.reward != r.get("reward") or log.metadata.get(DISCARD) != r.get("discard", log.metadata.get(DISCARD)):
             wrong.append(f"{eid}: log says reward {log.reward}, the grader {r.get('reward')}")
     statuses = sorted({r.get("status") for r in recs.values()})
     out.append(Verdict("own reward, sibling's end", not wrong and len(recs) == SAMPLES,

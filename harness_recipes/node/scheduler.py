@@ -21,8 +21,9 @@ from harness_recipes.node.records import Records
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
 from harness_recipes.tasks.task_file import Task
-from polar_contracts.auxiliary import METADATA_KEY as AUX_KEY
-from polar_contracts.log.reader import LogError, read_episode
+from polar_contracts.log import end_record as end
+from polar_contracts.log.end_record import read_head
+from polar_contracts.log.table import LogError
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
 
@@ -218,22 +219,22 @@ class Pipeline:
         # not be graded (eval_error: the test patch does not apply, the tests hang, no test output) is
         # not one either: its reward 0 would read as the model's failure.
         discard = r.get("status") in (ep.ERROR, ep.INTERRUPTED, ep.EVAL_ERROR)
-        meta = {"task_id": job.task.id, "sample": job.sample, "group_id": job.task.id, "harness": self.recipe.name,
-                "status": r.get("status"), "discard": discard,
+        meta = {end.TASK_ID: job.task.id, end.SAMPLE: job.sample, end.GROUP_ID: job.task.id,
+                end.HARNESS: self.recipe.name, end.STATUS: r.get("status"), end.DISCARD: discard,
                 # how the harness was confined: none marks an unsandboxed episode on every row
-                "isolation": self.runtime.isolation,
+                end.ISOLATION: self.runtime.isolation,
                 # whether the proxy's control plane was secured (open: the agent could end episodes)
-                "control_plane": self.settings.control_mark()}
+                end.CONTROL_PLANE: self.settings.control_mark()}
         if self.recipe.auxiliary:
             # how this harness's auxiliary calls look (a title call, ...): the log reader flags them so
             # they are never trained with the episode's reward (polar_contracts/auxiliary.py)
-            meta[AUX_KEY] = [{"name": a.name, "match": dict(a.match)} for a in self.recipe.auxiliary]
+            meta[end.AUXILIARY_RULES] = [{"name": a.name, "match": dict(a.match)} for a in self.recipe.auxiliary]
         if r.get("error"):
-            meta["reason"] = r["error"][:500]
+            meta[end.REASON] = r["error"][:500]
         if "eval" in r:
             # "eval": how it was graded and what the evaluation found beyond the reward (grading.py);
             # polar-recon copies it into the shards.
-            meta["eval"] = r["eval"]
+            meta[end.EVAL] = r["eval"]
         return meta
 
     async def _end_quietly(self, job: Job) -> None:
@@ -244,22 +245,26 @@ class Pipeline:
                                              timeout=3.0, secret=self.settings.control_secret))
 
     async def _handoff(self, job: Job) -> None:
-        """Check the capture log is complete before it is counted as ready for reconstruction."""
+        """Check the capture log is complete before it is counted as ready for reconstruction.
+
+        Polls the log's end record only (end_record.read_head: the last batch, no prompt decoded),
+        never the whole episode: the proxy may still be writing, and a long episode costs its
+        full decode per poll otherwise."""
         if self.logdir is None:
             return
         path = self.logdir / f"{job.eid}.arrow"
         deadline = time.monotonic() + self.log_wait
         while True:
             try:
-                log = await asyncio.to_thread(read_episode, path)
-                if log.finished or time.monotonic() > deadline:
+                head = await asyncio.to_thread(read_head, path)
+                if head.finished or time.monotonic() > deadline:
                     break
             except LogError:
                 if time.monotonic() > deadline:
                     job.record.update(n_calls=0, log_finished=False, log_note=f"no capture log at {path}")
                     return
             await asyncio.sleep(0.1)
-        job.record.update(n_calls=int(log.calls.height), log_finished=log.finished)
+        job.record.update(n_calls=head.n_calls, log_finished=head.finished)
 
     def _finish(self, job: Job) -> None:
         rec = job.record

@@ -1,13 +1,14 @@
-"""Loading one episode log as numpy arrays: the reconstruction hot path.
+"""The one reader of an episode log's calls (`decode_log`), and its numpy view (`read_calls`).
 
-`read_episode` (log/reader.py) returns full prompts as Python lists inside a polars frame, which is
-right for people and costs O(turns^2) Python objects per episode. Reconstruction only needs numpy
-views, so this module decodes the same file (same batch reader, same prefix compression) straight
-into int32 arrays. A test checks that both readers agree on every prompt.
+`decode_log` reads a file once: the call rows (log/table.py's batch reader), the end record
+(log/end_record.py), the prefix compression undone into int32 arrays (log/table.py
+`full_sequences`), the requests rebuilt and the recipe's auxiliary rules applied. `read_calls`
+turns that into `Call`s with numpy views, reconstruction's hot path; `read_episode`
+(log/reader.py) is the polars view of the same decode. The end record alone (grouping, polling a
+log until it ends) is `read_head` (log/end_record.py), which decodes no call.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ import pyarrow as pa
 
 from polar_contracts.auxiliary import AuxiliaryRuleError, first_match, rules_from_metadata
 from polar_contracts.episode_ids import episode_id_of, is_log_file
-from polar_contracts.log.schema import KIND_CALL, KIND_END, SCHEMA
-from polar_contracts.log.table import LogError, full_requests, read_table, unpack, upgrade_batch
+from polar_contracts.log.end_record import EndRecord, EpisodeHead, end_record_of, read_head
+from polar_contracts.log.schema import KIND_CALL
+from polar_contracts.log.table import LogError, full_requests, full_sequences, list_column, read_table
 from polar_contracts.sampling_fields import COLUMNS as SAMPLING_COLUMNS
 from polar_contracts.sampling_fields import PARAMS, request_params
 
@@ -79,16 +81,10 @@ class Episode:
     requests: list[str | None] = field(default_factory=list)  # per call row, JSON text (lazy users)
 
 
-@dataclass
-class EpisodeHead:
-    """What grouping needs, without the ids: read for every episode before building any."""
-    path: Path
-    episode_id: str
-    finished: bool
-    reward: float | None
-    metadata: dict[str, Any]
-    n_calls: int
-    mtime: float
+# EpisodeHead and read_head (the end record alone) live in log/end_record.py; these names stay
+# importable from here, where reconstruction has always found them.
+__all__ = ["Call", "DecodedLog", "Episode", "EpisodeHead", "calls_of", "decode_log", "list_logs", "read_calls",
+           "read_head"]
 
 
 def list_logs(logdir: str | os.PathLike) -> list[Path]:
@@ -98,121 +94,40 @@ def list_logs(logdir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in d.iterdir() if is_log_file(p))
 
 
-def _end_record(table: pa.Table, path: Path) -> tuple[bool, float | None, dict[str, Any]]:
-    kinds = table.column("kind").to_pylist()
-    ends = [i for i, k in enumerate(kinds) if k == KIND_END]
-    if not ends:
-        return False, None, {}
-    last = ends[-1]
-    reward = table.column("reward")[last].as_py()
-    meta = table.column("metadata")[last].as_py()
-    try:
-        metadata = json.loads(meta) if meta else {}
-    except json.JSONDecodeError as exc:
-        raise LogError(f"{path}: end record metadata is not JSON ({exc})") from exc
-    if not isinstance(metadata, dict):
-        raise LogError(f"{path}: end record metadata is not a JSON object")
-    return True, reward, metadata
+@dataclass
+class DecodedLog:
+    """One log file decoded once; every view (read_calls, read_episode) is built from this."""
+    path: Path
+    calls: pa.Table  # the call rows in file order, on-disk SCHEMA (end and incomplete rows removed)
+    end: EndRecord
+    torn: bool  # a torn last batch was cut off (writer killed mid-write)
+    seqs: list[np.ndarray | None]  # per call row: prompt + completion, int32 (None: no ids)
+    prompt_lens: list[int]  # per call row: the prompt's length within seqs[i]
+    base_rows: list[int | None]  # per call row: the writer's prefix-compression hint (see Call)
+    base_lens: list[int | None]
+    requests: list[str | None]  # per call row: the request JSON text as the harness sent it
+    auxiliary_rules: list[str | None]  # per call row: the recipe's auxiliary rule it matches, if any
 
 
-def _last_batch(path: Path) -> tuple[pa.RecordBatch | None, int]:
-    """The last complete record batch of the (possibly concatenated, possibly torn) streams and
-    the number of batches, decoding message headers only: the end record is the last row, and
-    grouping must not pay for decompressing every prompt."""
-    data = pa.memory_map(str(path), "r").read_buffer() if path.stat().st_size else pa.py_buffer(b"")
-    pos, count, last, last_schema, schema = 0, 0, None, SCHEMA, SCHEMA
-    while pos < data.size:
-        src = pa.BufferReader(data.slice(pos))
-        try:
-            reader = pa.ipc.MessageReader.open_stream(src)
-            first = reader.read_next_message()
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, OSError) as exc:
-            if pos == 0:
-                raise LogError(f"{path}: not an Arrow IPC stream ({exc})") from exc
-            break  # torn tail
-        if first.type != "schema":
-            raise LogError(f"{path}: stream at byte {pos} does not start with a schema")
-        schema = pa.ipc.read_schema(first)  # v2 streams (older proxies) have fewer columns
-        while True:
-            try:
-                msg = reader.read_next_message()
-            except (StopIteration, pa.ArrowInvalid, OSError):
-                break
-            if msg.type == "record batch":
-                count += 1
-                last, last_schema = msg, schema
-        end = pos + src.tell()
-        if end <= pos:
-            break
-        pos = end
-    if last is None:
-        return None, 0
-    try:
-        batch = pa.ipc.read_record_batch(last, last_schema)
-        return (batch if last_schema.names == SCHEMA.names else upgrade_batch(batch)), count
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise LogError(f"{path}: last record batch unreadable ({exc})") from exc
-
-
-def read_head(path: str | os.PathLike) -> EpisodeHead:
+def decode_log(path: str | os.PathLike) -> DecodedLog:
+    """Read and decode one log file. Raises LogError naming the file."""
     path = Path(path)
     try:
-        batch, count = _last_batch(path)
-        table = pa.Table.from_batches([batch]) if batch is not None else SCHEMA.empty_table()
-        finished, reward, metadata = _end_record(table, path)
-    except LogError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise LogError(f"{path}: cannot read ({exc})") from exc
-    return EpisodeHead(path, episode_id_of(path), finished, reward, metadata, count - int(finished),
-                       path.stat().st_mtime)
-
-
-_EMPTY = np.zeros(0, dtype=np.int32)
-
-
-def _list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
-    """A list<...> column as one numpy view per row (None for null rows), without Python lists."""
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if len(arr) == 0:
-        return []
-    offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    valid = arr.is_valid().to_numpy(zero_copy_only=False)
-    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
-
-
-def _prompt_tails(calls_t: pa.Table) -> list[np.ndarray | None]:
-    """The stored prompt tails as int32 arrays, whichever layout the log schema uses: a list
-    column, or packed (length + zstd frame, decoded by log/table.py unpack) little-endian int32."""
-    names = calls_t.schema.names
-    if "prompt_tail_ids" in names:
-        return _list_column(calls_t.column("prompt_tail_ids"), np.int32)
-    if "prompt_tail_zstd" in names:
-        return [None if b is None else np.frombuffer(unpack(b), dtype="<i4").astype(np.int32, copy=False)
-                for b in calls_t.column("prompt_tail_zstd").to_pylist()]
-    raise LogError(f"log schema has no prompt tail column (columns: {names})")
-
-
-def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episode:
-    """The whole episode with full prompts as int32 arrays. Raises LogError naming the file."""
-    path = Path(path)
-    try:
-        return _read_calls(path, with_requests)
-    except LogError:
-        raise
+        return _decode(path)
+    except LogError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise LogError(f"{path}: {exc}") from exc  # table.py's decoders do not know the file
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
         raise LogError(f"{path}: cannot read ({exc})") from exc
 
 
-def _read_calls(path: Path, with_requests: bool) -> Episode:
+def _decode(path: Path) -> DecodedLog:
     table, torn = read_table(path)
-    finished, reward, metadata = _end_record(table, path)
+    end = end_record_of(table, path)
     try:
         # the recipe's own description of its auxiliary calls, sent by the rollout node (auxiliary.py)
-        aux_rules = rules_from_metadata(metadata, str(path))
+        aux_rules = rules_from_metadata(end.metadata, str(path))
     except AuxiliaryRuleError as exc:
         raise LogError(str(exc)) from exc
     # (to_pylist: to_numpy on a string column imports pandas, ~0.6 s)
@@ -222,53 +137,56 @@ def _read_calls(path: Path, with_requests: bool) -> Episode:
         calls_t = table.slice(0, n_calls)
     else:
         calls_t = table.filter(pa.array(is_call))
-    bases = calls_t.column("prompt_base_row").to_numpy(zero_copy_only=False)
-    lens = calls_t.column("prompt_base_len").to_numpy(zero_copy_only=False)
-    tails = _prompt_tails(calls_t)
-    comps = _list_column(calls_t.column("completion_ids"), np.int32)
-    lps = _list_column(calls_t.column("completion_logprobs"), np.float32)
+    seqs, prompt_lens = full_sequences(calls_t)
+    # request text is delta-coded on disk: rebuilt for every row, parsed only where a rule needs it
+    requests = full_requests(calls_t)
+    rules: list[str | None] = [None] * calls_t.num_rows
+    if aux_rules:
+        flagged = calls_t.column("auxiliary").to_pylist()
+        apis = calls_t.column("api").to_pylist()
+        rules = [None if a else first_match(aux_rules, api, req)
+                 for a, api, req in zip(flagged, apis, requests, strict=True)]
+    return DecodedLog(path, calls_t, end, torn, seqs, prompt_lens, calls_t.column("prompt_base_row").to_pylist(),
+                      calls_t.column("prompt_base_len").to_pylist(), requests, rules)
+
+
+def read_calls(path: str | os.PathLike, *, with_requests: bool = False) -> Episode:
+    """The whole episode with full prompts as int32 arrays. Raises LogError naming the file."""
+    return calls_of(decode_log(path), with_requests=with_requests)
+
+
+def calls_of(log: DecodedLog, *, with_requests: bool = False) -> Episode:
+    """The numpy view of a decoded log: one Call per call row, sorted by (call_index, choice)."""
+    calls_t = log.calls
+    lps = list_column(calls_t.column("completion_logprobs"), np.float32)
+    has_completion = calls_t.column("completion_ids").is_valid().to_pylist()
     scalars = {c: calls_t.column(c).to_pylist() for c in _SCALARS}
-    # request text is delta-coded on disk: rebuilt for every row, parsed only where needed
-    all_requests = full_requests(calls_t)
-    requests = all_requests if with_requests else []
-    seqs: list[np.ndarray | None] = []  # per row: prompt + completion in one buffer
     calls: list[Call] = []
     for i in range(calls_t.num_rows):
-        tail, comp = tails[i], comps[i]
-        prompt = completion = seq = None
+        seq, n_prompt = log.seqs[i], log.prompt_lens[i]
+        prompt = completion = None
         base, n = -1, 0
-        if tail is not None:
-            base = bases[i]
-            base = -1 if base is None or np.isnan(base) else int(base)
-            n = 0 if lens[i] is None or np.isnan(lens[i]) else int(lens[i])
-            head = _EMPTY
-            if base >= 0:
-                if base >= i or seqs[base] is None or n > len(seqs[base]):
-                    raise LogError(f"{path}: row {i} references prompt base row {base} that cannot be used")
-                head = seqs[base][:n]
-            # one copy per call: the prompt and completion are views into it
-            seq = np.concatenate([head, tail, comp if comp is not None else _EMPTY])
-            prompt = seq[: len(head) + len(tail)]
-            completion = None if comp is None else seq[len(prompt):]
-        seqs.append(seq)
+        if seq is not None:
+            prompt = seq[:n_prompt]
+            completion = seq[n_prompt:] if has_completion[i] else None
+            base = -1 if log.base_rows[i] is None else log.base_rows[i]
+            n = log.base_lens[i] or 0
         info = {c: scalars[c][i] for c in _SCALARS}
-        if aux_rules and not info["auxiliary"]:
-            rule = first_match(aux_rules, info["api"], all_requests[i])
-            if rule is not None:
-                info["auxiliary"], info["auxiliary_rule"] = True, rule
-        if all_requests[i] is not None and any(info[k] is None for k in PARAMS):
+        if log.auxiliary_rules[i] is not None:
+            info["auxiliary"], info["auxiliary_rule"] = True, log.auxiliary_rules[i]
+        request = log.requests[i]
+        if request is not None and any(info[k] is None for k in PARAMS):
             # a v2 log (no sampling columns) or an unknown default: what the request set itself
             # is what the server applied (the rest stays unknown)
-            for k, v in request_params(all_requests[i]).items():
+            for k, v in request_params(request).items():
                 if info[k] is None:
                     info[k] = v
         lp = lps[i]
-        if comp is not None and lp is not None and len(lp) != len(comp):
-            info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(comp)} completion ids"
+        if completion is not None and lp is not None and len(lp) != len(completion):
+            info["error"] = info.get("error") or f"{len(lp)} logprobs for {len(completion)} completion ids"
         index = int(info["call_index"]) if info["call_index"] is not None else i
-        calls.append(Call(i, index, prompt, completion, lp, info, seq,
-                          base if prompt is not None else -1, n if prompt is not None else 0))
+        calls.append(Call(i, index, prompt, completion, lp, info, seq, base, n))
     calls.sort(key=lambda c: (c.call_index, c.info.get("choice") or 0))
-    return Episode(path, episode_id_of(path), calls, finished, reward, metadata, torn, requests)
-
-
+    end = log.end
+    return Episode(log.path, episode_id_of(log.path), calls, end.finished, end.reward, end.metadata, log.torn,
+                   log.requests if with_requests else [])

@@ -1,7 +1,7 @@
 """Episode logs as Arrow tables (no polars: the proxy's writer uses this module too).
 
-The pyarrow-level reading of a log file (`read_batches`, `read_table`, `full_prompt_arrays`,
-`full_requests`) and the payload codec (`pack`, `unpack`: 4-byte little-endian raw length + one
+The pyarrow-level reading of a log file (`read_batches`, `read_table`, `full_sequences` /
+`full_prompt_arrays`, `full_requests`) and the payload codec (`pack`, `unpack`: 4-byte little-endian raw length + one
 zstd frame, see schema.py). A log is one or more concatenated Arrow IPC streams; a torn last batch
 (a writer killed mid-write) is cut off, never read.
 """
@@ -93,36 +93,65 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None) -> tup
 def _ends_with_eos(data: pa.Buffer, end: int) -> bool:
     return end >= 8 and data.slice(end - 8, 8).to_pybytes() == EOS
 
-def full_prompt_arrays(table: pa.Table) -> list[np.ndarray | None]:
-    """The full prompt ids of each row of a call-rows table (on-disk SCHEMA, end rows removed)
-    as int32 arrays: undoes the prefix compression (rows reference earlier rows by position)."""
+def list_column(col: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
+    """A list<...> column as one numpy view per row (None for null rows), without Python lists."""
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if len(arr) == 0:
+        return []
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(arr))]
+
+
+def prompt_tails(table: pa.Table) -> list[np.ndarray | None]:
+    """The stored prompt tails as int32 arrays, whichever layout the table uses: a list column, or
+    packed (length + zstd frame, see `unpack`) little-endian int32."""
+    names = table.schema.names
+    if "prompt_tail_ids" in names:
+        return list_column(table.column("prompt_tail_ids"), np.int32)
+    if "prompt_tail_zstd" in names:
+        return [None if b is None else np.frombuffer(unpack(b), dtype="<i4").astype(np.int32, copy=False)
+                for b in table.column("prompt_tail_zstd").to_pylist()]
+    raise LogError(f"log schema has no prompt tail column (columns: {names})")
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def full_sequences(table: pa.Table) -> tuple[list[np.ndarray | None], list[int]]:
+    """The one decoder of the prefix compression. For each row of a call-rows table (on-disk
+    SCHEMA, end rows removed): its full prompt + completion as one int32 array (None: no ids), and
+    its prompt's length (the prompt and completion are views of that one array). Rows reference
+    earlier rows by position; a reference that cannot be used is a LogError."""
     bases = table.column("prompt_base_row").to_pylist()
     lens = table.column("prompt_base_len").to_pylist()
-    tails = [None if b is None else np.frombuffer(unpack(b), dtype="<i4")
-             for b in table.column("prompt_tail_zstd").to_pylist()]
-    comps = table.column("completion_ids").to_numpy(zero_copy_only=False)
+    tails = prompt_tails(table)
+    comps = list_column(table.column("completion_ids"), np.int32)
     seqs: list[np.ndarray | None] = []
-    prompts: list[np.ndarray | None] = []
-    for i, (base, n, tail, comp) in enumerate(zip(bases, lens, tails, comps)):
+    prompt_lens: list[int] = []
+    for i, (base, n, tail, comp) in enumerate(zip(bases, lens, tails, comps, strict=True)):
         if tail is None:
             seqs.append(None)
-            prompts.append(None)
+            prompt_lens.append(0)
             continue
-        tail = np.asarray(tail, dtype=np.int32)
+        head = _EMPTY
         if base is not None and base >= 0:
+            n = n or 0
             if base >= i or seqs[base] is None or n > len(seqs[base]):
                 raise LogError(f"row {i} references prompt base row {base} that cannot be used")
-            prompt = np.concatenate([seqs[base][:n], tail])
-        else:
-            prompt = tail
-        comp = np.asarray(comp if comp is not None else [], dtype=np.int32)
-        seqs.append(np.concatenate([prompt, comp]))
-        prompts.append(prompt)
-    return prompts
+            head = seqs[base][:n]
+        # one copy per call: the prompt and completion are views into it
+        seqs.append(np.concatenate([head, tail, comp if comp is not None else _EMPTY]))
+        prompt_lens.append(len(head) + len(tail))
+    return seqs, prompt_lens
 
 
-def _full_prompts(table: pa.Table) -> list[list[int] | None]:
-    return [None if p is None else p.tolist() for p in full_prompt_arrays(table)]
+def full_prompt_arrays(table: pa.Table) -> list[np.ndarray | None]:
+    """The full prompt ids of each row of a call-rows table (on-disk SCHEMA, end rows removed)
+    as int32 arrays (views into `full_sequences`)."""
+    seqs, lens = full_sequences(table)
+    return [None if s is None else s[:n] for s, n in zip(seqs, lens, strict=True)]
 
 
 def full_requests(table: pa.Table) -> list[str | None]:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from polar_contracts.episode_ids import validate_episode_id
+from polar_contracts.log.end_record import DISCARD, POLAR_INCOMPLETE
 from polar_contracts.log.ipcrow import EOS, RowEncoder, schema_message
 from polar_contracts.log.schema import COLUMNS, KIND_CALL, KIND_END, KIND_INCOMPLETE, SCHEMA
 from polar_contracts.log.table import LogError, full_prompt_arrays, full_requests, pack, read_batches, unpack
@@ -383,8 +384,8 @@ class EpisodeWriter:
                 raise EpisodeFinished(f"episode {self.episode_id!r} has already ended")
             self._ready()
             metadata = dict(metadata or {})
-            if self.incomplete:  # recon never builds it (build.is_discarded), and says why
-                metadata.update(discard=True, polar_incomplete=list(self.incomplete))
+            if self.incomplete:  # recon never builds it (end_record.is_discarded), and says why
+                metadata.update({DISCARD: True, POLAR_INCOMPLETE: list(self.incomplete)})
             self._write(
                 dict(
                     kind=KIND_END,

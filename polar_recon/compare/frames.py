@@ -15,6 +15,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from polar_contracts.log import end_record as end
+from polar_contracts.log.end_record import end_record_of
 from polar_contracts.log.schema import KIND_CALL, KIND_END
 from polar_contracts.log.table import LogError, read_table
 
@@ -125,6 +127,7 @@ def _prompt_lens(table: pa.Table) -> np.ndarray:
 
 def _log_frame(path: Path) -> pa.Table:
     table, _torn = read_table(path, LOG_COLS)
+    end_record_of(table, path)  # an end record that is not a JSON object: a LogError naming the file
     comp = table.column("completion_ids")
     import pyarrow.compute as pc
 
@@ -179,11 +182,17 @@ def log_calls(sources: list[Source], episodes: dict[str, set[str] | None]) -> tu
 
 
 def end_metadata(ends: pl.DataFrame) -> pl.DataFrame:
-    """The end records' metadata fields the report uses (harness, status, discard, reason)."""
-    schema = pl.Struct({"harness": pl.String, "status": pl.String, "discard": pl.Boolean, "reason": pl.String})
+    """The end records' metadata fields the report uses (`meta`: harness, status, reason) and
+    whether the rollout discarded the episode (`discarded`: end_record.is_discarded, one rule)."""
+    schema = pl.Struct({end.HARNESS: pl.String, end.STATUS: pl.String, end.REASON: pl.String})
     if ends.is_empty():
-        return ends.with_columns(pl.lit(None, schema).alias("meta")) if "metadata" in ends.columns else ends
-    return ends.with_columns(pl.col("metadata").str.json_decode(schema).alias("meta"))
+        if "metadata" not in ends.columns:
+            return ends
+        return ends.with_columns(pl.lit(None, schema).alias("meta"), pl.lit(False).alias("discarded"))
+    # (one end record per episode: parsing each in Python is cheap; _log_frame refused non-objects)
+    discarded = [end.is_discarded(end.parse_metadata(m, p)) for m, p in zip(ends["metadata"], ends["path"], strict=True)]
+    return ends.with_columns(pl.col("metadata").str.json_decode(schema).alias("meta"),
+                             pl.Series("discarded", discarded, pl.Boolean))
 
 
 def manifest(source: Source) -> dict:

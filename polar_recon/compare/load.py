@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from polar_contracts.log.end_record import HARNESS
+
 from . import frames
 from .sources import Source
 
@@ -63,11 +65,11 @@ def load(sources: list[Source]) -> Data:
     # A bare log directory: each episode's harness from its end metadata (else the directory's name).
     bare = {s.name for s in sources if ids[s.name] is None and s.label is None}
     if bare and not ends.is_empty():
-        by_meta = ends.select("episode_id", pl.col("meta").struct.field("harness").alias("_h"))
+        by_meta = ends.select("episode_id", pl.col("meta").struct.field(HARNESS).alias("_h"))
         # an unfinished episode has no end record: it goes with its directory's only harness, if one
         only = {}
         for b in bare:
-            names = ends.filter(pl.col("harness") == b)["meta"].struct.field("harness").drop_nulls().unique().to_list()
+            names = ends.filter(pl.col("harness") == b)["meta"].struct.field(HARNESS).drop_nulls().unique().to_list()
             if len(names) == 1:
                 only[b] = names[0]
         calls = calls.join(by_meta, on="episode_id", how="left").with_columns(
@@ -75,8 +77,8 @@ def load(sources: list[Source]) -> Data:
             .then(pl.coalesce(pl.col("_h"), pl.col("harness").replace(only))).otherwise(pl.col("harness"))
             .alias("harness")).drop("_h")
         ends = ends.with_columns(
-            pl.when(pl.col("harness").is_in(list(bare)) & pl.col("meta").struct.field("harness").is_not_null())
-            .then(pl.col("meta").struct.field("harness")).otherwise(pl.col("harness")).alias("harness"))
+            pl.when(pl.col("harness").is_in(list(bare)) & pl.col("meta").struct.field(HARNESS).is_not_null())
+            .then(pl.col("meta").struct.field(HARNESS)).otherwise(pl.col("harness")).alias("harness"))
     if rename:
         def relabel(df: pl.DataFrame, col: str = "harness") -> pl.DataFrame:
             return df.with_columns(pl.col(col).replace(rename)) if col in df.columns else df

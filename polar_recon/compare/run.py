@@ -24,16 +24,16 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
     from polar_contracts.log.arrays import read_calls
     from polar_contracts.log.table import LogError
 
-    from ..link import TurnMarkers
-    from ..report import Drift, drift_episode
+    from ..diagnostics import Drift, drift_episode
     from ..strategies import ReconError, Retokenizer
+    from ..tokens import TurnMarkers
 
     m, retok = TurnMarkers.load(tokenizer), Retokenizer(tokenizer)
     out = {}
     ends = data.ends
     if ends.is_empty():
         return out
-    discard = ends["meta"].struct.field("discard").fill_null(False)
+    discard = ends["discarded"]
     for h in ends.filter(~discard)["harness"].unique().sort().to_list():
         d = Drift()
         # one episode at a time: linking and re-tokenizing are per episode (what `drift` does)
@@ -49,7 +49,7 @@ def _drift(data, tokenizer: str) -> dict[str, dict[str, Any]]:
 def run_compare(inputs: list[str], logdirs: list[str], trainers: list[str], *, solved_at: float = 1.0,
                 drift: bool = False, tokenizer: str | os.PathLike | None = None, html_path: str | None = None,
                 max_views: int = 20) -> dict[str, Any]:
-    from ..link import DEFAULT_TOKENIZER
+    from ..tokens import DEFAULT_TOKENIZER
 
     tokenizer = tokenizer or DEFAULT_TOKENIZER
     try:

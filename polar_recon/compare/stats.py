@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 
+from polar_contracts.log.end_record import STATUS
+
 from .frames import PHASES
 from .load import Data
 
@@ -85,8 +87,8 @@ def _episodes(data: Data, h: str, eps: pl.DataFrame) -> dict[str, Any]:
             seen.add(eid)
     ends = data.ends.filter(pl.col("harness") == h) if not data.ends.is_empty() else data.ends
     if not ends.is_empty():  # discarded by the rollout (end metadata) but not in a manifest: no recon ran
-        disc = ends.filter(pl.col("meta").struct.field("discard").fill_null(False) & ~pl.col("episode_id").is_in(seen))
-        for eid, st in zip(disc["episode_id"].to_list(), disc["meta"].struct.field("status").to_list()):
+        disc = ends.filter(pl.col("discarded") & ~pl.col("episode_id").is_in(seen))
+        for eid, st in zip(disc["episode_id"].to_list(), disc["meta"].struct.field(STATUS).to_list()):
             excluded.setdefault(f"discard: {st or 'unknown'}", []).append(eid)
     by_status = _counts(recs["status"]) if not recs.is_empty() else {}
     errored = recs.filter(pl.col("status").is_in(["error", "crashed", "eval_error", "interrupted"])) \

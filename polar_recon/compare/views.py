@@ -12,8 +12,8 @@ from polar_contracts.log.arrays import read_calls
 from polar_contracts.log.table import LogError
 
 from ..html import render_episode
-from ..link import TurnMarkers
 from ..strategies import ReconError
+from ..tokens import TurnMarkers
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 

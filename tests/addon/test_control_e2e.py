@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from polar_contracts.control import CONTROL_HEADER, capability, new_secret, write_secret_file
-from polar_recon import read_episode, read_log
+from polar_contracts.log.reader import read_episode, read_log
 from tests.faults.conftest import scripted
 from tests.faults.helpers import CHAT, whole
 from tests.faults.scripted_upstream import answer_header

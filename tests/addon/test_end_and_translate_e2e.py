@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from polar_recon import read_episode, read_log
+from polar_contracts.log.reader import read_episode, read_log
 
 from .procs import fake_backend, mitmdump
 

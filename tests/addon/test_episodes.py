@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from addon.open_logs import EpisodeEnding, EpisodeFinished, Episodes
-from polar_recon import read_episode
+from polar_contracts.log.reader import read_episode
 
 
 def _row(w, i):

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from polar_recon import read_log
+from polar_contracts.log.reader import read_log
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .procs import REPO, mitmdump

@@ -14,8 +14,8 @@ import uuid
 import httpx
 import pytest
 
+from polar_contracts.log.reader import read_episode, read_log
 from polar_contracts.weight_versions import is_proxy_version
-from polar_recon import read_episode, read_log
 
 from .procs import fake_backend, mitmdump
 

@@ -16,7 +16,7 @@ import pytest
 
 from addon.logprobs_probe import probe_upstream
 from harness_recipes.node.local_stack import serve
-from polar_recon import read_log
+from polar_contracts.log.reader import read_log
 from tests.support.servers import tiny_model_dir
 
 from .procs import mitmdump

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from harness_recipes.demo.weights import perturbed_copy
+from polar_contracts.log.reader import read_log
 from polar_contracts.weight_versions import spanning
-from polar_recon import read_log
 from tests.support.servers import polar_serve, tiny_model_dir
 
 from .procs import mitmdump

@@ -7,8 +7,9 @@ import textwrap
 import pytest
 
 from polar_contracts.episode_ids import episode_path
-from polar_contracts.log.writer import EpisodeFinished
-from polar_recon import EpisodeWriter, LogError, read_episode, read_log
+from polar_contracts.log.reader import read_episode, read_log
+from polar_contracts.log.table import LogError
+from polar_contracts.log.writer import EpisodeFinished, EpisodeWriter
 
 
 def _write_growing(w, n, grow=50):
@@ -83,7 +84,7 @@ def test_sigkill_mid_episode_keeps_completed_rows(tmp_path):
     p = tmp_path / "k.arrow"
     code = textwrap.dedent(f"""
         import sys, time
-        from polar_recon import EpisodeWriter
+        from polar_contracts.log.writer import EpisodeWriter
         w = EpisodeWriter({str(p)!r}, "k")
         for i in range(10):
             w.append_call(call_index=i, prompt_ids=list(range(i * 10)), completion_ids=[i],

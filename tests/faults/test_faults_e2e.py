@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from polar_contracts.log.arrays import read_head
+from polar_contracts.log.reader import read_log
 from polar_contracts.log.table import read_batches
-from polar_recon import read_log
 
 from .conftest import proxy, scripted
 from .helpers import CHAT, PROMPT, call, chunk, end, ep, good_stream, sse, whole

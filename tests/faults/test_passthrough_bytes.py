@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 
-from polar_recon import read_log
+from polar_contracts.log.reader import read_log
 from tests.addon.procs import REPO
 from tests.support.servers import polar_serve, tiny_model_dir
 

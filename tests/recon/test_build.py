@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from polar_contracts.log.writer import EpisodeWriter
 from polar_contracts.shards import MANIFEST, SHARD_SCHEMA
-from polar_recon import EpisodeWriter
 from polar_recon.build import Options, build, watch
 from polar_recon.cli import main
 
@@ -287,7 +287,8 @@ def test_end_record_scan_agrees_with_read_episode(tmp_path):
     """Grouping reads only message headers and the last batch; it must agree with the full reader,
     on torn, corrupt, unfinished and reopened (concatenated-stream) logs."""
     from polar_contracts.log.arrays import read_head
-    from polar_recon import LogError, read_episode
+    from polar_contracts.log.reader import read_episode
+    from polar_contracts.log.table import LogError
 
     make_logdir(tmp_path)
     w = EpisodeWriter(tmp_path / "re.arrow", "re")
@@ -441,7 +442,7 @@ def test_shards_carry_the_sampling_the_server_applied(tmp_path):
         "mixed": (None, 0.95, 20, 0.0, "processed", f"presence_penalty=0.5; {MIXED}"),
         "recorded": (0.6, 0.95, 20, 0.0, "processed", None),
     }
-    from polar_recon.report import shard_stats
+    from polar_recon.diagnostics import shard_stats
     st = shard_stats(tmp_path / "out")
     assert st["logprobs_modes"] == {"None": 3, "processed": 2} and st["sampling_unsupported_rows"] == 1
     # only the top-level field counts; a message that talks about temperature is not a setting

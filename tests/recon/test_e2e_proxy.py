@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from polar_recon import read_episode
+from polar_contracts.log.reader import read_episode
 from polar_recon.cli import main
 from tests.addon.procs import mitmdump
 from tests.support.servers import polar_serve, tiny_model_dir

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from polar_contracts.log.arrays import read_calls
+from polar_contracts.log.writer import EpisodeWriter
 from polar_contracts.prefix import common_prefix
-from polar_recon import EpisodeWriter
-from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, TurnMarkers, link_calls, segments
+from polar_recon.link import AUX, CLEAN, ERROR, FORK, REALIGN, RETRY, link_calls, segments
 from polar_recon.strategies import per_call_sequences, token_sequences
+from polar_recon.tokens import TurnMarkers
 
 from . import logs as L
 
@@ -249,7 +250,7 @@ def test_per_call_strategy(tmp_path):
 
 
 def test_fast_reader_agrees_with_read_episode(tmp_path):
-    from polar_recon import read_episode
+    from polar_contracts.log.reader import read_episode
 
     L.episode(tmp_path, "e", lambda c: L.two_tool_turns(c, reasoning=("", "")), harness="qwen-code")
     a, b = read_calls(tmp_path / "e.arrow"), read_episode(tmp_path / "e.arrow")
@@ -355,6 +356,7 @@ def test_a_sampled_id_past_the_tokenizer_forks(tmp_path, monkeypatch, decoder):
     class explains. That is a FORK (each call trains on what it was served), never a crash of the
     reconstruction and never a REALIGN that "sees the same text"."""
     import polar_recon.link as link
+    import polar_recon.tokens as tokens
     from polar_recon import testing
 
     pad = 151838
@@ -370,8 +372,8 @@ def test_a_sampled_id_past_the_tokenizer_forks(tmp_path, monkeypatch, decoder):
     m = M
     if decoder == "rust":  # the path for tokenizers that are not byte-level BPE
         from tokenizers import Tokenizer
-        rust = link._RustDecoder(Tokenizer.from_file(str(L.TOKENIZER_DIR / "tokenizer.json")))
-        monkeypatch.setattr(link, "_decoder", lambda _dir: rust)
+        rust = tokens._RustDecoder(Tokenizer.from_file(str(L.TOKENIZER_DIR / "tokenizer.json")))
+        monkeypatch.setattr(tokens, "_decoder", lambda _dir: rust)
         link._turn_classes.cache_clear()
         with pytest.raises(ValueError, match="not in the tokenizer's vocabulary: \\[151838\\]"):
             rust.decode([pad])

@@ -25,8 +25,9 @@ from polar_contracts.log.arrays import read_calls
 from polar_contracts.shards import MANIFEST
 from polar_recon.build import Options, build
 from polar_recon.fidelity import check_sequences
-from polar_recon.link import FORK, TurnMarkers, link_calls
+from polar_recon.link import FORK, link_calls
 from polar_recon.strategies import token_sequences
+from polar_recon.tokens import TurnMarkers
 from tests.addon.procs import mitmdump
 from tests.support.servers import polar_serve, tiny_model_dir
 

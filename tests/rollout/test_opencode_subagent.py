@@ -59,8 +59,8 @@ def test_opencode_subagent_is_its_own_segment(stack, tmp_path):
 
     from polar_contracts.log.arrays import read_calls
     from polar_contracts.log.reader import read_episode
-    from polar_recon.link import DEFAULT_TOKENIZER, TurnMarkers
-    from polar_recon.report import inspect_rows
+    from polar_recon.diagnostics import inspect_rows
+    from polar_recon.tokens import DEFAULT_TOKENIZER, TurnMarkers
     path = logdir / f"{rec['episode_id']}.arrow"
     rows = list(read_episode(path).calls.iter_rows(named=True))
     for r in rows:

@@ -172,8 +172,8 @@ def test_real_harness_on_real_vllm(shim, proxy, tmp_path, harness):
     if harness in NEW:
         # the token view: reconstruction followed the agent's turns, each call extending the one before
         from polar_contracts.log.arrays import read_calls
-        from polar_recon.link import DEFAULT_TOKENIZER, TurnMarkers
-        from polar_recon.report import inspect_rows
+        from polar_recon.diagnostics import inspect_rows
+        from polar_recon.tokens import DEFAULT_TOKENIZER, TurnMarkers
         view = {r["call"]: r for r in inspect_rows(read_calls(proxy.logdir / f"{rec['episode_id']}.arrow"),
                                                    TurnMarkers.load(DEFAULT_TOKENIZER))}
         idx = [r["call_index"] for r in agent]

@@ -15,7 +15,7 @@ import pytest
 
 from addon.logprobs_probe import probe_upstream
 from harness_recipes.node.local_stack import capture_proxy
-from polar_recon import read_log
+from polar_contracts.log.reader import read_log
 from tests.conftest import VLLM_MODEL_NAME
 
 QWEN3 = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness_recipes.node.local_stack import capture_proxy
+from polar_contracts.log.reader import read_log
 from polar_contracts.weight_versions import is_proxy_version
-from polar_recon import read_log
 from polar_recon.build import Options, build
 from tests.conftest import VLLM_MODEL_NAME
 from tests.trainer.test_grpo_trainer import config, trainer

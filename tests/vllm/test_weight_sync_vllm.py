@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from harness_recipes.demo.weights import perturbed_copy
-from polar_recon import read_log
+from polar_contracts.log.reader import read_log
 from tests.addon.procs import mitmdump
 from tests.support.servers import tiny_model_dir
 

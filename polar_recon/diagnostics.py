@@ -1,5 +1,6 @@
-"""Reports over logs and shards: per-call inspection, strategy drift, shard statistics (pure data;
-the CLI prints them)."""
+"""Diagnostics over logs and shards: per-call inspection (`inspect_rows`), strategy drift
+(`drift`), shard statistics (`shard_stats`): pure data, `polar-recon inspect / drift / stats` print
+them. (The cross-harness comparison report is compare/.)"""
 from __future__ import annotations
 
 import json
@@ -14,14 +15,16 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from polar_contracts.log import end_record as end
 from polar_contracts.log.arrays import Episode, list_logs, read_calls
 from polar_contracts.log.table import LogError
 from polar_contracts.prefix import common_prefix
 from polar_contracts.shards import MANIFEST
 from polar_recon.shard_writer import list_shards
 
-from .link import CLEAN, REALIGN, TurnMarkers, link_calls, segments
+from .link import CLEAN, REALIGN, link_calls, segments
 from .strategies import ReconError, Retokenizer, retokenize_sequences, token_sequences
+from .tokens import TurnMarkers
 
 # ---------------------------------------------------------------------------------------------
 # inspect
@@ -155,7 +158,7 @@ def drift_episode(ep: Episode, m: TurnMarkers, retok: Retokenizer, d: Drift, har
     d.episodes += 1
 
 
-def drift(logdir: str | os.PathLike, m: TurnMarkers, retok: Retokenizer, harness_key: str = "harness",
+def drift(logdir: str | os.PathLike, m: TurnMarkers, retok: Retokenizer, harness_key: str = end.HARNESS,
           progress: Callable | None = None) -> Drift:
     d = Drift()
     paths = list_logs(logdir)
@@ -165,7 +168,7 @@ def drift(logdir: str | os.PathLike, m: TurnMarkers, retok: Retokenizer, harness
             if not ep.finished:
                 d.skipped.append((str(p), "unfinished"))
                 continue
-            if ep.metadata.get("discard") is True:
+            if end.is_discarded(ep.metadata):
                 d.skipped.append((str(p), "discarded by the rollout (metadata.discard)"))
                 continue
             drift_episode(ep, m, retok, d, str(ep.metadata.get(harness_key, "unknown")))
