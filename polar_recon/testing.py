@@ -95,7 +95,7 @@ class Sample:
         return msg
 
 
-# How each harness sends an assistant turn back (shared/docs/harnesses.md).
+# How each harness sends an assistant turn back (docs/reference.md, "What harnesses send back").
 def _strict(msg):  # resends what it received, reasoning included
     return copy.deepcopy(msg)
 
@@ -219,7 +219,7 @@ def auxiliary_call(w: EpisodeWriter, text: str = "Write a 5-word title for: crea
 
 
 # ------------------------------------------------------------------------------------------
-# the scenarios of issue 5 (shared/docs/harnesses.md)
+# the re-render cases of docs/reference.md, "What harnesses send back"
 
 
 def write_tool(path="hello.txt", content="hi", compact=False) -> tuple[str, str]:

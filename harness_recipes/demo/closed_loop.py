@@ -21,6 +21,7 @@ from harness_recipes.cache import tiny_model
 from harness_recipes.node.local_stack import capture_proxy, serve
 from harness_recipes.node.processes import running, venv_bin
 from polar_contracts.control import EPISODE_HEADER, SERVE_VERSION_PATH, capability, control_headers, end_path
+from polar_contracts.log.end_record import GROUP_ID
 from trainer.grpo_config import PolarGRPOConfig
 from trainer.grpo_trainer import PolarGRPOTrainer
 from trainer.row_temperature import generation_default
@@ -197,7 +198,7 @@ def run_agent(cfg: LoopConfig, proxy, serve_url: str, target: str, result: LoopR
                     seed = cfg.seed * 100003 + it * 1000 + g * 100 + e  # reproducible, distinct per episode
                     rs = run_episode(cfg, proxy_url, prompt, seed, {EPISODE_HEADER: capability(proxy.secret, ep)})
                     reward = score([answer_text(r) for r in rs], target)
-                    http("POST", proxy_url + end_path(ep), {"reward": reward, "metadata": {"group_id": gid}},
+                    http("POST", proxy_url + end_path(ep), {"reward": reward, "metadata": {GROUP_ID: gid}},
                          control_headers(proxy.secret))
                     rewards.append(reward)
             result.rewards.append(sum(rewards) / len(rewards))
