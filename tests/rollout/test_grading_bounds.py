@@ -18,8 +18,15 @@ import pytest
 from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.model_patch import model_patch
 from harness_recipes.runtimes import file_tree
-from harness_recipes.runtimes.file_tree import (Budget, ObjectStore, OverBudget, link_resolution, refused_path,
-                                                snapshot_dir, snapshot_tar)
+from harness_recipes.runtimes.file_tree import (
+    Budget,
+    ObjectStore,
+    OverBudget,
+    link_resolution,
+    refused_path,
+    snapshot_dir,
+    snapshot_tar,
+)
 from harness_recipes.runtimes.local import LocalRuntime
 from harness_recipes.tasks.task_file import parse_task
 
