@@ -115,8 +115,9 @@ async def run_harness(recipe: Recipe, sandbox: Sandbox, values: dict[str, str], 
     argv = recipe.render_argv(values)
     if s is not None:
         check_no_secret(s, "command line", argv)
-    # Behind the inner forwarder when the model API comes in through the sandbox's socket.
-    argv = sandbox.harness_argv(argv)
+    # Behind the inner forwarder when the model API comes in through the sandbox's socket: it lets only
+    # the harness (and the helpers the recipe names) call the model, not the agent's commands.
+    argv = sandbox.harness_argv(argv, recipe.model_callers)
     return await sandbox.exec(argv, env, timeout=timeout, cwd=sandbox.workspace)
 
 

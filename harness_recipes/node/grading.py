@@ -69,6 +69,16 @@ async def grade_episode(runtime: Runtime, task: Task, eid: str, agent: Sandbox, 
                         outdir: Path, workdir: str | None = None, budget: Budget | None = None) -> Graded:
     """Grade the episode whose harness ran in ``agent``; closes ``agent`` first."""
     outdir.mkdir(parents=True, exist_ok=True)
+    # Model calls the sandbox's forwarder refused (not the harness's: api_socket.py), before it closes.
+    refused = agent.api.refused_metadata() if agent.api is not None else None
+    g = await _grade(runtime, task, eid, agent, exe, base_path, outdir, workdir, budget)
+    if refused is not None:
+        g.eval["model_api"] = refused
+    return g
+
+
+async def _grade(runtime: Runtime, task: Task, eid: str, agent: Sandbox, exe: Path, base_path: str,
+                 outdir: Path, workdir: str | None, budget: Budget | None) -> Graded:
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{eid}-", dir=workdir))
     try:
         store = await asyncio.to_thread(ObjectStore, tmp / "objects.git", budget)
