@@ -13,8 +13,9 @@ whose target stays inside the tree (120000). Left out, and recorded in `dropped`
 symlinks that resolve outside (absolute, climbing out with .., or through another link of the tree:
 `a/b -> ..` then `esc -> a/b/..`; loops), anything else (fifos, sockets, devices: never opened, their
 nominal size never read), sparse files (holes: their nominal size is not what they cost the agent,
-and reading it would cost the node), files over the budget's per-file bound, and paths git refuses
-(`git update-index` would fail the whole tree: `.GIT`, `git~1`, a `.gitmodules` symlink, ...). Left
+and reading it would cost the node; in a tar stream, which has no holes, a large all-zero file),
+files over the budget's per-file bound, and paths git refuses (`git update-index` skips them with
+"Ignoring path": `.GIT`, `git~1`, a `.gitmodules` symlink, ...). Left
 out silently: every `.git` path component (git cannot track those), and empty directories.
 
 Reading is bounded (Budget, carried by the ObjectStore): the files and bytes of a tree, the patch's
@@ -422,6 +423,14 @@ def snapshot_tar(chunks: Iterable[bytes], store: ObjectStore) -> Snapshot:
                 if m.issparse():
                     snap.dropped.append((rel, f"sparse file ({m.size} bytes nominal): not read, its nominal size "
                                               "is not its content"))
+                elif m.size > SPARSE_MIN and m.size <= store.budget.max_file_bytes:
+                    # docker's archive streams a sparse file's holes as zeros: judged by its content
+                    data = tar.extractfile(m).read()
+                    if not data.strip(b"\0"):
+                        snap.dropped.append((rel, f"zero-filled file ({m.size} bytes; a sparse file, as docker's "
+                                                  "archive streams it): not hashed, not in the patch"))
+                    else:
+                        _add_file(snap, store, rel, m.mode, m.size, lambda data=data: data)
                 else:
                     _add_file(snap, store, rel, m.mode, m.size, lambda m=m: tar.extractfile(m).read())
             elif m.islnk():
