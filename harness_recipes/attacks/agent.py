@@ -34,12 +34,12 @@ COMMON_PORTS = (8000, 8080, 8265, 6379, 10001, 30000, 11434, 5000)
 TIMEOUT = 3.0
 
 
-def http(method: str, url: str, body=None, headers=None) -> dict:
+def http(method: str, url: str, body=None, headers=None, timeout: float = TIMEOUT) -> dict:
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
                                                                          **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return {"url": url, "status": r.status, "body": r.read(300).decode(errors="replace")}
     except urllib.error.HTTPError as e:
         return {"url": url, "status": e.code, "body": e.read(300).decode(errors="replace")}
@@ -192,7 +192,7 @@ def call_model(base: str, headers: dict, marker: str, n: int) -> list:
     out = []
     for _ in range(n):
         url = base.rstrip("/") + ("/chat/completions" if base.rstrip("/").endswith("/v1") else "/v1/chat/completions")
-        r = http("POST", url, body, headers)
+        r = http("POST", url, body, headers, timeout=60)  # a model call, on a loaded machine: not a probe
         out.append({"url": url, "status": r.get("status"), "said": (r.get("body") or r.get("error") or "")[:160]})
     return out
 
@@ -358,6 +358,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"sample": sample, "code": attack_code(hacks[sample - 2])}))
         return 0
     urls, ids, headers = discover(home)
+    # first: an open control plane lets the next attacks end this episode, and an ended one takes no call
+    model = attack_model_from_a_command(argv[1]) if len(argv) > 1 else {}
     report = {
         "discovered": {"urls": sorted(urls), "episodes": sorted(ids)},
         "control": attack_control_plane(roots(urls) | set(t.get("roots", [])), ids, headers, t),
@@ -365,7 +367,7 @@ def main(argv: list[str]) -> int:
         "files": attack_files(t),
         "history": attack_history(),
         "env": dict(os.environ),  # the tool output goes back to the model, hence to the log
-        "model": attack_model_from_a_command(argv[1]) if len(argv) > 1 else {},
+        "model": model,
     }
     if t.get("grading", True):
         report["grading"] = attack_grading(t)

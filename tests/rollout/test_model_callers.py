@@ -92,3 +92,16 @@ def test_the_harness_calls_and_its_shell_commands_do_not(tmp_path, name):
     assert relayed, (rec.get("harness_stderr_tail"), requests[-1][-3000:])
     refused = rec["eval"]["model_api"]
     assert refused["refused_calls"] >= 1 and refused["refused_peers"] == 0, refused
+
+
+def test_model_callers_are_checked_at_load(tmp_path):
+    from harness_recipes.recipes.recipe import RecipeError, parse_recipe
+    base = {"name": "x", "api": "chat", "install": {"kind": "none", "bin": "x"}, "episode": {"via": "header"},
+            "run": {"argv": ["x"]}}
+    assert parse_recipe(base, tmp_path / "x.toml").model_callers == ()
+    ok = parse_recipe({**base, "run": {"argv": ["x"], "model_callers": ["codex"]}}, tmp_path / "x.toml")
+    assert ok.model_callers == ("codex",)
+    for bad in ("codex", ["a/b"], [""], [1]):
+        with pytest.raises(RecipeError, match=r"\[run\].model_callers"):
+            parse_recipe({**base, "run": {"argv": ["x"], "model_callers": bad}}, tmp_path / "x.toml")
+    assert load_recipe("codex").model_callers == ("codex",) and load_recipe("pi").model_callers == ()
