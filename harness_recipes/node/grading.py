@@ -55,6 +55,7 @@ def test_paths(task: Task) -> set[str]:
 def over_budget(runtime: Runtime, task: Task, outdir: Path, why: str) -> Graded:
     """The agent's tree or patch crossed a bound (file_tree.Budget): a graded 0 with the reason, not a discard."""
     (outdir / "model.patch").write_bytes(b"")
+    why = why[:500]  # it may name one of the agent's paths
     meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, "over_budget": why,
             "patch_applied": False, "patch_error": f"over budget: {why}"}
     sw = None

@@ -78,9 +78,22 @@ class ModelPatch:
     def metadata(self) -> dict:
         # Bytecode is written by any test run: counted, not listed, so the list shows what matters.
         bytecode = [p for p in self.stripped if protected(p) == "compiled bytecode"]
+        stripped = [p for p in self.stripped if p not in bytecode]
+        dropped = [f"{p}: {why}" for p, why in self.dropped]
+        # The lists are the agent's to lengthen (ten thousand fifos): the end record must stay under the
+        # control body bound, or the episode could not end and would be discarded. Counted in full.
         return {"patch_sha256": self.sha256, "patch_bytes": len(self.patch),
-                "stripped_paths": [p for p in self.stripped if p not in bytecode], "stripped_bytecode": len(bytecode),
-                "dropped_paths": [f"{p}: {why}" for p, why in self.dropped]}
+                "stripped_paths": _brief(stripped), "stripped_bytecode": len(bytecode),
+                "dropped_paths": _brief(dropped),
+                **({"stripped_count": len(stripped)} if len(stripped) > LISTED else {}),
+                **({"dropped_count": len(dropped)} if len(dropped) > LISTED else {})}
+
+
+LISTED = 50  # entries of each list in the eval metadata (each at most 300 characters)
+
+
+def _brief(items: list[str]) -> list[str]:
+    return [i[:300] for i in items[:LISTED]]
 
 
 def model_patch(store: ObjectStore, pristine: Snapshot, agent: Snapshot, test_paths: set[str] = frozenset()) -> ModelPatch:

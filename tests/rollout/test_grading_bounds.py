@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import socket
 import subprocess
@@ -269,3 +270,17 @@ def test_a_patch_over_budget_is_a_graded_zero_not_a_discard(tmp_path):
     assert g.reward == 0.0 and g.error == "", g
     assert "max_patch_files" in g.eval["over_budget"] and g.eval["patch_applied"] is False
     assert (tmp_path / "out" / "model.patch").read_bytes() == b""
+
+
+def test_the_eval_metadata_lists_stay_small_whatever_the_agent_creates(tmp_path):
+    """Ten thousand fifos and conftests must not make the end record too big to post (a discard)."""
+    pristine, ws = tree(tmp_path, "pristine"), tree(tmp_path)
+    for i in range(300):
+        os.mkfifo(ws / f"fifo-{i:04d}-{'x' * 200}")
+        (ws / f"d{i}").mkdir()
+        (ws / f"d{i}" / "conftest.py").write_text("x = 1\n")
+    store = ObjectStore(tmp_path / "store.git")
+    meta = model_patch(store, snapshot_dir(pristine, store), snapshot_dir(ws, store)).metadata()
+    assert len(meta["dropped_paths"]) == 50 and meta["dropped_count"] == 300
+    assert len(meta["stripped_paths"]) == 50 and meta["stripped_count"] == 300
+    assert len(json.dumps(meta)) < 32 << 10
