@@ -229,10 +229,10 @@ def attack_model(urls: set[str], headers: dict, t: dict) -> dict:
     return out
 
 
-def attack_model_from_a_command(targets: str) -> dict:
+def attack_model_from_a_command(me: str, targets: str) -> dict:
     """attack_model run the way a harness's shell tool runs a command: a child process under a shell
-    (run as the harness itself, this agent is the one process that may call)."""
-    cmd = f'"{sys.executable}" "{os.path.abspath(__file__)}" "{targets}" --model-calls; true'
+    (run as the harness itself, this agent is the one process that may call); ``me``: this script."""
+    cmd = f'"{sys.executable}" "{me}" "{targets}" --model-calls; true'
     try:
         r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=300)
         return json.loads(r.stdout.strip().splitlines()[-1])
@@ -359,7 +359,7 @@ def main(argv: list[str]) -> int:
         return 0
     urls, ids, headers = discover(home)
     # first: an open control plane lets the next attacks end this episode, and an ended one takes no call
-    model = attack_model_from_a_command(argv[1]) if len(argv) > 1 else {}
+    model = attack_model_from_a_command(argv[0], argv[1]) if len(argv) > 1 else {}
     report = {
         "discovered": {"urls": sorted(urls), "episodes": sorted(ids)},
         "control": attack_control_plane(roots(urls) | set(t.get("roots", [])), ids, headers, t),
