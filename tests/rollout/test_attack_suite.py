@@ -136,8 +136,10 @@ def test_an_open_unsandboxed_deployment_is_caught(tmp_path):
 def test_a_real_harness_runs_the_attack_and_it_is_stopped(tmp_path):
     """Pi itself runs the agent: the scripted model asks its bash tool to, as a policy would."""
     rc, verdicts, logdir, secret = attack(tmp_path, "local", via_harness=True)
-    failed = {k: v["evidence"] for k, v in verdicts.items() if not v["stopped"]}
-    assert rc == 0 and not failed, failed
+    # the hacks of the code under test are test_the_code_under_test_cannot_forge_its_verdict's (part 1)
+    failed = {k: v["evidence"] for k, v in verdicts.items() if not v["stopped"] and k not in HACKS}
+    assert not failed, failed
+    assert rc == (0 if all(v["stopped"] for v in verdicts.values()) else 1)
     # the agent's report came back to the model as the tool's output: it is in the next request
     seen = [t for p in logdir.glob("*.arrow") for t in read_episode(p).calls["request"].to_list()
             if t and '\\"discovered\\"' in t]
