@@ -284,3 +284,15 @@ def test_the_eval_metadata_lists_stay_small_whatever_the_agent_creates(tmp_path)
     assert len(meta["dropped_paths"]) == 50 and meta["dropped_count"] == 300
     assert len(meta["stripped_paths"]) == 50 and meta["stripped_count"] == 300
     assert len(json.dumps(meta)) < 32 << 10
+
+
+def test_the_grading_budget_option():
+    import click
+
+    from harness_recipes.cli import parse_budget
+    assert parse_budget(None) == Budget()
+    assert parse_budget("max_patch_files=5, seconds=1.5") == Budget(max_patch_files=5, seconds=1.5)
+    for bad, why in (("max_patch=5", "not KEY=VALUE with KEY one of"), ("seconds=soon", "is not a number"),
+                     ("max_tree_bytes=0", "must be positive")):
+        with pytest.raises(click.UsageError, match=why):
+            parse_budget(bad)
