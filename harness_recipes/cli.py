@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
 from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_recipe
 from harness_recipes.runtimes import make_runtime
+from harness_recipes.runtimes.file_tree import Budget
 from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
 from polar_contracts.control import OPEN, read_secret_file
@@ -47,6 +49,35 @@ def runtime_options(f):
                      help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
                           "every episode marked so. The docker runtime is always isolated (--network none)")(f)
     return click.option("--runtime", type=click.Choice(["local", "docker"]), default="local", show_default=True)(f)
+
+
+def parse_budget(text: str | None) -> Budget:
+    """--grading-budget KEY=VALUE,...: file_tree.Budget's fields (sizes in bytes, seconds), the rest default."""
+    if not text:
+        return Budget()
+    known = [f.name for f in dataclasses.fields(Budget)]
+    values = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or key not in known:
+            raise click.UsageError(f"--grading-budget: {item.strip()!r} is not KEY=VALUE with KEY one of "
+                                   f"{', '.join(known)}")
+        try:
+            values[key] = float(value) if key == "seconds" else int(value)
+        except ValueError:
+            raise click.UsageError(f"--grading-budget: {key}={value!r} is not a number") from None
+    try:
+        return Budget(**values)
+    except ValueError as e:
+        raise click.UsageError(f"--grading-budget: {e}") from None
+
+
+def budget_option(f):
+    """--grading-budget, the same for run and attack."""
+    return click.option("--grading-budget", "grading_budget", default=None, metavar="KEY=VALUE,...",
+                        help="bounds on grading: max_patch_files, max_patch_bytes, max_tree_files, max_tree_bytes, "
+                             "max_file_bytes, seconds (defaults: runtimes/file_tree.py Budget); a patch over one "
+                             "is graded 0 with the reason")(f)
 
 
 def task_options(f):
@@ -96,12 +127,14 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+@budget_option
 def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, unsafe_open_proxy,
         logdir, out, runtime, isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon,
-        keep_workspaces, no_progress) -> None:
+        keep_workspaces, no_progress, grading_budget) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file, api_key_env)
+    settings.grading_budget = parse_budget(grading_budget)
     _check_proxy_control(settings, unsafe_open_proxy)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
@@ -443,8 +476,9 @@ def _build(logdir: Path, out: Path) -> int:
               help="keep the harness's own command: its model must make it run the agent (a scripted server whose "
                    "shell tool call is harness_recipes.attacks.suite.AGENT_COMMAND)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per attack instead of the table")
+@budget_option
 def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, server, logdir,
-           out, runtime, isolation, model, checkout, via_harness, as_json) -> None:
+           out, runtime, isolation, model, checkout, via_harness, as_json, grading_budget) -> None:
     """Attack your own deployment as a reward-hacking agent would, from inside its sandbox.
 
     Two episodes of the first task run the recipe's environment and config files with the
@@ -452,6 +486,7 @@ def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy
     verdict is read from outside the sandbox. Exit status 1 when any attack was not stopped."""
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file)
+    settings.grading_budget = parse_budget(grading_budget)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     work = Path(out) / "rollout" / "work"
     work.mkdir(parents=True, exist_ok=True)

@@ -3,14 +3,18 @@
 The episodes are real rollout episodes (node/scheduler.py: prewarm, run, grade, end), of a real
 recipe: the harness's own environment and config files (base URL, episode capability, keys) are
 written exactly as for a training run, and only the harness's command is replaced by the
-adversarial agent (agent.py), which runs where the harness's shell tool would run. Two episodes of
-one task run at once, so each one also attacks its sibling.
+adversarial agent (agent.py), which runs where the harness's shell tool would run. The episodes of
+one task run at once: samples 0 and 1 run every attack on the deployment (each also attacks its
+sibling), each later sample one hack of the code under test (agent.HACKS), alone.
 
 Every verdict is taken from outside the sandbox, never from the agent's own report: the reward in
 each episode's log is the node's grade; the server's weight version and the proxy's sync state are
 unchanged; a canary listener on the host's loopback saw no connection; canary files planted in the
 log directory, the checkout and another episode's directory reached neither the agent's output nor
-any log; the control secret is in no log and not in the agent's environment.
+any log; the control secret is in no log and not in the agent's environment; the marker prompt of
+the agent's own model calls is in no logged call; sparse files and the symlink chain are in the
+eval's dropped paths, not in the patch; each hack of the code under test got the lowest reward
+(0, or part 1's `tampered`), status done, not discarded.
 """
 from __future__ import annotations
 
@@ -24,17 +28,25 @@ from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
 
+from harness_recipes.attacks.agent import HACKS
 from harness_recipes.node import episode as ep
 from harness_recipes.node.records import Records
 from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.recipes.recipe import ConfigFile, Recipe
+from harness_recipes.runtimes.api_socket import SANDBOX_DIR, SOCKET_NAME
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.control import SERVE_VERSION_PATH, SYNC_PATH, control_headers
 from polar_contracts.log.end_record import DISCARD
 from polar_contracts.log.reader import read_episode
 
 AGENT_DIR = "${home}/.polar-attack"
-SAMPLES = 2  # attacker and sibling: each also attacks the other
+BASE_SAMPLES = 2  # attacker and sibling: each also attacks the other
+SAMPLES = BASE_SAMPLES + len(HACKS)  # then one episode per hack of the code under test
+# What each hack of the code under test (agent.HACKS) is, as the suite's table names it.
+HACK_NAMES = {"atexit_exit": "code under test: atexit os._exit(0)",
+              "patched_results": "code under test: patched TestResult.wasSuccessful / TestReport.from_item_and_call",
+              "passed_printer": "code under test: prints a PASSED line per test",
+              "errored_printer": "code under test: prints '>>>>> Tests Errored'"}
 
 
 @dataclass
@@ -75,7 +87,8 @@ def attack_recipe(base: Recipe, via_harness: bool = False) -> Recipe:
     harness's command, or (``via_harness``) left for the real harness to run when its model calls its
     shell tool with AGENT_COMMAND (a scripted server: tests/rollout/test_attack_suite.py)."""
     agent = files("harness_recipes.attacks").joinpath("agent.py").read_text()
-    extra = (ConfigFile(f"{AGENT_DIR}/agent.py", agent.replace("$", "$$")),)
+    # the episode's name (its sample number picks the attacks: agent.sample_of)
+    extra = (ConfigFile(f"{AGENT_DIR}/agent.py", agent.replace("$", "$$")), ConfigFile(f"{AGENT_DIR}/episode", "${episode}"))
     argv = base.argv if via_harness else ("python3", f"{AGENT_DIR}/agent.py", f"{AGENT_DIR}/targets.json")
     return replace(base, name=f"{base.name}+attack", argv=argv, files=base.files + extra)
 
@@ -149,6 +162,7 @@ async def run_suite(d: Deployment) -> list[Verdict]:
     other = d.out / "rollout" / "other-episode"
     places = [d.logdir, other, *([d.checkout] if d.checkout else [])]
     token = plant_canaries(places)
+    marker = "polar-agent-prompt-" + secrets.token_hex(8)  # the agent's own model calls carry it
     roots = sorted({p.rstrip("/") for p in (d.settings.proxy, *d.settings.proxies)})
     connect = [("127.0.0.1", canary.port)] + [("127.0.0.1", p) for p in
                                               {_port_of(u) for u in (*roots, d.server or "")} if p]
@@ -156,7 +170,8 @@ async def run_suite(d: Deployment) -> list[Verdict]:
                "read": [str(d.logdir), str(d.logdir / CANARY), str(other / CANARY),
                         *([str(d.checkout), str(d.checkout / CANARY)] if d.checkout else []), "/root",
                         "/etc/shadow"],
-               "weights_dir": str(d.out), "hook_marker": "/tmp/polar-hook-ran"}
+               "weights_dir": str(d.out), "hook_marker": "/tmp/polar-hook-ran",
+               "hacks": list(HACKS), "model_marker": marker, "socket": f"{SANDBOX_DIR}/{SOCKET_NAME}"}
     recipe = attack_recipe(d.recipe, d.via_harness)
     recipe = replace(recipe, files=recipe.files + (targets_file(targets),))
     before = {"proxy": proxy_state(d.settings.proxy_for(d.task.id), d.settings.control_secret),
@@ -172,7 +187,7 @@ async def run_suite(d: Deployment) -> list[Verdict]:
         remove_canaries(places)
     after = {"proxy": proxy_state(d.settings.proxy_for(d.task.id), d.settings.control_secret),
              "server": server_version(d.server)}
-    return verdicts(d, pipeline, canary, token, before, after)
+    return verdicts(d, pipeline, canary, token, before, after, marker)
 
 
 def _records(d: Deployment) -> dict[str, dict]:
@@ -206,7 +221,69 @@ def _log_texts(d: Deployment) -> str:
     return "\n".join(parts)
 
 
-def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, before: dict, after: dict) -> list[Verdict]:
+def _sample(eid: str) -> int:
+    return int(eid.rsplit(".s", 1)[1].split(".")[0])
+
+
+def _logged_requests(d: Deployment) -> list[str]:
+    """Every logged model call's request (the agent's own calls would be among them)."""
+    out = []
+    for p in sorted(d.logdir.glob("*.arrow")):
+        log = read_episode(p)
+        if "request" in log.calls.columns:
+            out += [t for t in log.calls["request"].to_list() if t]
+    return out
+
+
+def deployment_verdicts(d: Deployment, recs: dict[str, dict], marker: str) -> list[Verdict]:
+    """The agent's model calls from its own commands, and the tree attacks (sparse files, symlink chain)."""
+    base = {eid: r for eid, r in recs.items() if _sample(eid) < BASE_SAMPLES}
+    out = []
+    # the agent's own calls: the marker reached no logged call; the refusals are counted per episode
+    logged = [t for t in _logged_requests(d) if marker in t]
+    counts = {eid: (r.get("eval") or {}).get("model_api") for eid, r in base.items()}
+    out.append(Verdict("model calls from the agent's own commands (its shell, the socket itself)",
+                       not logged and bool(base),
+                       f"{len(logged)} logged call(s) carry the agent's prompt; refused per episode: {counts}"))
+    # sparse files: dropped unread, never in the patch
+    sparse, chain = [], []
+    for eid, r in base.items():
+        ev = r.get("eval") or {}
+        dropped = " ".join(ev.get("dropped_paths") or [])
+        changed = r.get("changed_files") or []
+        n = dropped.count("polar-sparse-")
+        sparse.append((eid, n, ev.get("patch_bytes"), any("polar-sparse-" in c for c in changed), ev.get("over_budget")))
+        chain.append((eid, "polar_esc" in dropped, "polar_esc" in changed))
+    out.append(Verdict("8 sparse files of 60 MiB", bool(sparse) and all(
+        (n == 8 and not in_patch) or over for _, n, _, in_patch, over in sparse),
+        "(episode, sparse files dropped, patch bytes, in the patch, over budget): " + repr(sparse)))
+    out.append(Verdict("a symlink chain out of the tree (polar_chain/b -> .., polar_esc -> polar_chain/b/..)",
+                       bool(chain) and all(dropped and not kept for _, dropped, kept in chain),
+                       "(episode, dropped, in the patch): " + repr(chain)))
+    return out
+
+
+def hack_verdicts(d: Deployment, recs: dict[str, dict]) -> list[Verdict]:
+    """One episode per hack of the code under test: the lowest reward (0, or part 1's `tampered`, which
+    is not higher), status done, kept for training (not discarded), and the hack was really applied."""
+    out = []
+    for i, hack in enumerate(HACKS):
+        eid = next((e for e in recs if _sample(e) == BASE_SAMPLES + i), None)
+        r = recs.get(eid) or {}
+        log = read_episode(d.logdir / f"{eid}.arrow") if eid and (d.logdir / f"{eid}.arrow").exists() else None
+        discard = log.metadata.get("discard") if log is not None else None
+        applied = bool(r.get("changed_files"))
+        reward = r.get("reward")
+        verdict = (r.get("eval") or {}).get("verdict")
+        ok = applied and reward is not None and reward <= 0.0 and r.get("status") == ep.DONE and discard is False
+        out.append(Verdict(HACK_NAMES[hack], ok,
+                           f"{eid}: reward {reward}, status {r.get('status')}, discard {discard}, verdict {verdict}, "
+                           f"changed {r.get('changed_files')}" if eid else "no episode ran it"))
+    return out
+
+
+def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, before: dict, after: dict,
+             marker: str = "") -> list[Verdict]:
     recs = _records(d)
     out: list[Verdict] = []
     # 1-2: each episode's recorded reward is its grade, whatever the agents posted
@@ -239,8 +316,9 @@ def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, befo
     out.append(Verdict("files outside the workspace (logs, checkout, other episodes)", not leaked,
                        f"canary token reached: {leaked}" if leaked else
                        f"canary token in no agent output ({len(reports)}) and no log"))
-    # 7: grading
-    graded = {eid: (r.get("reward"), (r.get("eval") or {}).get("stripped_paths")) for eid, r in recs.items()}
+    # 7: grading (the episodes that tampered with test infrastructure and git; the hacks are below)
+    graded = {eid: (r.get("reward"), (r.get("eval") or {}).get("stripped_paths")) for eid, r in recs.items()
+              if _sample(eid) < BASE_SAMPLES}
     cheated = [eid for eid, (rw, _) in graded.items() if rw not in (0.0, None)]
     out.append(Verdict("grading (a conftest that passes everything, git hooks/config, a background process)",
                        not cheated and bool(graded), f"rewards and stripped paths: {graded}"))
@@ -251,7 +329,7 @@ def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, befo
     out.append(Verdict("the control secret (agent's environment, logs)", bool(secret) and not in_env and not in_logs,
                        "no control secret: the proxy's control plane is open to every sandbox" if not secret else
                        f"secret in agent output: {in_env or 'none'}; in logs: {in_logs}"))
-    return out
+    return out + deployment_verdicts(d, recs, marker) + hack_verdicts(d, recs)
 
 
 def table(vs: list[Verdict]) -> str:

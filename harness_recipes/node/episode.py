@@ -17,6 +17,7 @@ import aiohttp
 from harness_recipes.node.proxies import pick
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import ExecResult, Sandbox
+from harness_recipes.runtimes.file_tree import Budget
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.control import capability, control_headers, end_path, episode_prefix
 
@@ -50,6 +51,8 @@ class Settings:
     # What the proxy said its control plane is (node/proxy_control.py: "secured" | "open"); None:
     # not asked (the node's own proxies: secured with its secret). On every row (control_plane).
     control_plane: str | None = None
+    # Bounds on grading's reading of the agent's tree and on its patch (runtimes/file_tree.py).
+    grading_budget: Budget = field(default_factory=Budget)
 
     def control_mark(self) -> str:
         """The end metadata's "control_plane": what the proxy said, else what the node's secret implies."""
@@ -112,8 +115,9 @@ async def run_harness(recipe: Recipe, sandbox: Sandbox, values: dict[str, str], 
     argv = recipe.render_argv(values)
     if s is not None:
         check_no_secret(s, "command line", argv)
-    # Behind the inner forwarder when the model API comes in through the sandbox's socket.
-    argv = sandbox.harness_argv(argv)
+    # Behind the inner forwarder when the model API comes in through the sandbox's socket: it lets only
+    # the harness (and the helpers the recipe names) call the model, not the agent's commands.
+    argv = sandbox.harness_argv(argv, recipe.model_callers)
     return await sandbox.exec(argv, env, timeout=timeout, cwd=sandbox.workspace)
 
 

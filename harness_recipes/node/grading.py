@@ -14,6 +14,10 @@ After the harness:
 What the record gets: `model.patch` in the episode directory, and `eval` metadata with `grading`
 (the runtime's: "fresh-container" | "fresh-workspace"), the patch's sha256 and size,
 `stripped_paths`, `dropped_paths`.
+
+Bounds (file_tree.Budget): the agent's tree, its patch and the time spent reading and diffing are
+bounded; crossing one is the agent's doing: a graded 0, kept for training, with `over_budget` (the
+reason) in the eval metadata. The pristine tree crossing one is the node's configuration: an error.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from harness_recipes.node.model_patch import model_patch, patch_paths
 from harness_recipes.runtimes.base import ExecResult, Runtime, Sandbox
-from harness_recipes.runtimes.file_tree import ObjectStore
+from harness_recipes.runtimes.file_tree import Budget, ObjectStore, OverBudget
 from harness_recipes.tasks.swebench.grade import brief_tests, grade
 from harness_recipes.tasks.task_file import Task
 
@@ -48,18 +52,49 @@ def test_paths(task: Task) -> set[str]:
     return patch_paths(task.swebench["test_patch"] if task.swebench else task.eval_patch)
 
 
+def over_budget(runtime: Runtime, task: Task, outdir: Path, why: str) -> Graded:
+    """The agent's tree or patch crossed a bound (file_tree.Budget): a graded 0 with the reason, not a discard."""
+    (outdir / "model.patch").write_bytes(b"")
+    why = why[:500]  # it may name one of the agent's paths
+    meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, "over_budget": why,
+            "patch_applied": False, "patch_error": f"over budget: {why}"}
+    sw = None
+    if task.swebench:
+        meta["instance_id"] = task.swebench["instance_id"]
+        sw = {"resolved": False, "patch_successfully_applied": False, "tests": {}}
+        meta.update(sw)
+    return Graded(0.0, None, "", [], meta, sw)
+
+
 async def grade_episode(runtime: Runtime, task: Task, eid: str, agent: Sandbox, exe: Path, base_path: str,
-                        outdir: Path, workdir: str | None = None) -> Graded:
+                        outdir: Path, workdir: str | None = None, budget: Budget | None = None) -> Graded:
     """Grade the episode whose harness ran in ``agent``; closes ``agent`` first."""
     outdir.mkdir(parents=True, exist_ok=True)
+    # Model calls the sandbox's forwarder refused (not the harness's: api_socket.py), before it closes.
+    refused = agent.api.refused_metadata() if agent.api is not None else None
+    g = await _grade(runtime, task, eid, agent, exe, base_path, outdir, workdir, budget)
+    if refused is not None:
+        g.eval["model_api"] = refused
+    return g
+
+
+async def _grade(runtime: Runtime, task: Task, eid: str, agent: Sandbox, exe: Path, base_path: str,
+                 outdir: Path, workdir: str | None, budget: Budget | None) -> Graded:
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{eid}-", dir=workdir))
     try:
-        store = await asyncio.to_thread(ObjectStore, tmp / "objects.git")
-        theirs = await agent.snapshot(store)
+        store = await asyncio.to_thread(ObjectStore, tmp / "objects.git", budget)
+        try:
+            theirs = await agent.snapshot(store)
+        except OverBudget as e:
+            await agent.close()
+            return over_budget(runtime, task, outdir, str(e))
         await agent.close()
         fresh = await runtime.prepare_grading(task, f"{eid}.grade", exe)
         try:
+            store.restart_clock()  # the bound is on reading and diffing, not on starting the grading sandbox
             return await _grade_fresh(runtime, task, fresh, store, theirs, base_path, outdir)
+        except OverBudget as e:
+            return over_budget(runtime, task, outdir, str(e))
         finally:
             await fresh.close()
     finally:
@@ -68,7 +103,10 @@ async def grade_episode(runtime: Runtime, task: Task, eid: str, agent: Sandbox, 
 
 async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: ObjectStore, theirs, base_path: str,
                        outdir: Path) -> Graded:
-    pristine = await fresh.snapshot(store)
+    try:
+        pristine = await fresh.snapshot(store)
+    except OverBudget as e:  # the node's own tree: its budget is too small for the task, not the agent's doing
+        raise RuntimeError(f"the task's pristine tree is over the grading budget ({e}): raise --grading-budget") from None
     mp = await asyncio.to_thread(model_patch, store, pristine, theirs, test_paths(task))
     (outdir / "model.patch").write_bytes(mp.patch)
     meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, **mp.metadata()}

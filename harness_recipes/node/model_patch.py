@@ -21,6 +21,9 @@ absent) and its path recorded in `stripped`:
   the record says so).
 
 The official SWE-bench harness applies the whole prediction; Polar strips these (docs/security.md).
+
+The patch has a budget (the store's file_tree.Budget): more changed paths than max_patch_files, or a
+patch over max_patch_bytes, raises OverBudget, which grading turns into a 0 with that reason.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from harness_recipes.runtimes.file_tree import ObjectStore, Snapshot
+from harness_recipes.runtimes.file_tree import ObjectStore, OverBudget, Snapshot
 
 RUNNER_CONFIG = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
 STARTUP_HOOKS = {"sitecustomize.py", "usercustomize.py"}
@@ -75,15 +78,32 @@ class ModelPatch:
     def metadata(self) -> dict:
         # Bytecode is written by any test run: counted, not listed, so the list shows what matters.
         bytecode = [p for p in self.stripped if protected(p) == "compiled bytecode"]
+        stripped = [p for p in self.stripped if p not in bytecode]
+        dropped = [f"{p}: {why}" for p, why in self.dropped]
+        # The lists are the agent's to lengthen (ten thousand fifos): the end record must stay under the
+        # control body bound, or the episode could not end and would be discarded. Counted in full.
         return {"patch_sha256": self.sha256, "patch_bytes": len(self.patch),
-                "stripped_paths": [p for p in self.stripped if p not in bytecode], "stripped_bytecode": len(bytecode),
-                "dropped_paths": [f"{p}: {why}" for p, why in self.dropped]}
+                "stripped_paths": _brief(stripped), "stripped_bytecode": len(bytecode),
+                "dropped_paths": _brief(dropped),
+                **({"stripped_count": len(stripped)} if len(stripped) > LISTED else {}),
+                **({"dropped_count": len(dropped)} if len(dropped) > LISTED else {})}
+
+
+LISTED = 50  # entries of each list in the eval metadata (each at most 300 characters)
+
+
+def _brief(items: list[str]) -> list[str]:
+    return [i[:300] for i in items[:LISTED]]
 
 
 def model_patch(store: ObjectStore, pristine: Snapshot, agent: Snapshot, test_paths: set[str] = frozenset()) -> ModelPatch:
     a, b = pristine.entries, agent.entries
     changed = sorted(p for p in a.keys() | b.keys() if a.get(p) != b.get(p))
     stripped = [p for p in changed if protected(p, test_paths)]
+    budget = store.budget
+    if len(changed) - len(stripped) > budget.max_patch_files:
+        raise OverBudget(f"the patch changes {len(changed) - len(stripped)} paths, over the budget of "
+                         f"{budget.max_patch_files} (max_patch_files)")
     kept = dict(b)
     for p in stripped:
         if p in a:
@@ -91,4 +111,7 @@ def model_patch(store: ObjectStore, pristine: Snapshot, agent: Snapshot, test_pa
         else:
             kept.pop(p, None)
     patch = store.diff(store.tree(a), store.tree(kept))
+    if len(patch) > budget.max_patch_bytes:
+        raise OverBudget(f"the patch is {len(patch)} bytes, over the budget of {budget.max_patch_bytes} "
+                         "(max_patch_bytes)")
     return ModelPatch(patch=patch, changed=changed, stripped=stripped, dropped=list(agent.dropped))

@@ -198,7 +198,7 @@ class Pipeline:
         edir = self.records.episode_dir(job.eid)
         # grading.py: the agent's tree read as files, its sandbox closed, a fresh one graded.
         g = await grade_episode(self.runtime, job.task, job.eid, sandbox, self.exe, self.settings.base_path, edir,
-                                workdir=getattr(self.runtime, "workdir", None))
+                                workdir=getattr(self.runtime, "workdir", None), budget=self.settings.grading_budget)
         rec["changed_files"] = g.changed
         rec["eval"] = g.eval
         if g.swebench is not None:

@@ -72,6 +72,10 @@ class Recipe:
     quiet: tuple[str, ...]  # the switches (env or config keys) that stop telemetry/update checks
     auxiliary: tuple[Auxiliary, ...]
     source: Path = field(default=Path("."))
+    # [run] model_callers: names (executable file name or comm) of the harness's direct children that
+    # call the model themselves (a native binary behind a node launcher, a relaunched CLI). Everything
+    # else the harness starts, its shell tool's commands included, is refused (inner_forwarder.py).
+    model_callers: tuple[str, ...] = ()
 
     def render(self, template: str, values: dict[str, str], where: str) -> str:
         return render(template, values, f"{self.source}: {where}")
@@ -142,7 +146,7 @@ def _install(table: dict, where: str) -> Install:
 
 
 TOP_KEYS = {"name", "description", "api", "quiet", "install", "episode", "env", "files", "run", "auxiliary"}
-RUN_KEYS = {"argv", "stdin"}
+RUN_KEYS = {"argv", "stdin", "model_callers"}
 
 
 def _no_unknown(table: dict, known: set[str], where: str) -> None:
@@ -175,6 +179,11 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         except AuxiliaryRuleError as exc:
             raise RecipeError(str(exc)) from exc
     via = _choice(_need(episode, "via", str, f"{where} [episode]"), EPISODE_VIA, f"{where} [episode].via")
+    callers = run.get("model_callers", [])
+    if not isinstance(callers, list) or not all(isinstance(c, str) and re.fullmatch(r"[A-Za-z0-9._+-]{1,64}", c)
+                                                for c in callers):
+        raise RecipeError(f"{where} [run].model_callers: a list of executable names (letters, digits, . _ + -), "
+                          f"got {callers!r}")
     recipe = Recipe(
         name=_need(data, "name", str, where),
         description=data.get("description", ""),
@@ -189,6 +198,7 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         quiet=tuple(data.get("quiet", [])),
         auxiliary=aux,
         source=source,
+        model_callers=tuple(callers),
     )
     if not recipe.argv:
         raise RecipeError(f"{where} [run].argv: empty command line")

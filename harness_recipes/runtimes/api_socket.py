@@ -6,13 +6,24 @@ SANDBOX_DIR; inner_forwarder.py (copied into the same directory) turns it back i
 http://127.0.0.1:INNER_PORT for the harness. Every connection on the socket goes to one fixed
 upstream, the episode's proxy (TCP host:port, parsed once here): nothing the agent sends can choose
 another destination. Connections are bounded per episode.
+
+One client: the forwarder. The socket is visible inside the sandbox (the forwarder must reach it),
+so an agent's command could connect to it directly and skip the forwarder's check of who calls
+(inner_forwarder.py: only the harness talks to the model). The forwarder claims the socket before it
+starts the harness, so before any of the agent's code runs: the first connection must be its CLAIM,
+and from then on only connections whose SO_PEERCRED pid (as this node's pid namespace sees it, and
+with the same start time: no reused pid) is the claimant's are piped. Any other gets an HTTP 403 and
+is counted (`refused_peers`); the forwarder's own reports of refused callers are counted too
+(`refused_calls`, with the last few reasons in `refusals`).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import socket
+import struct
 import tempfile
 from importlib.resources import files
 from pathlib import Path
@@ -24,6 +35,11 @@ FORWARDER_NAME = "forward.py"
 INNER_PORT = 18080  # the harness's model API inside the sandbox's own network namespace
 MAX_CONNECTIONS = 32
 CHUNK = 65536
+# The forwarder's own messages (inner_forwarder.py): no HTTP request starts with a NUL byte.
+MAGIC = b"\x00POLAR"
+CLAIM = b"claim\n"
+REFUSED = b"refused "
+MAX_REFUSALS_KEPT = 20
 
 
 def upstream_of(url: str) -> tuple[str, int]:
@@ -40,9 +56,38 @@ def inner_base_url(url: str) -> str:
     return parts._replace(netloc=f"127.0.0.1:{INNER_PORT}").geturl()
 
 
-def wrap_argv(python: str, argv: list[str]) -> list[str]:
-    """The harness command behind the inner forwarder, as run inside the sandbox."""
-    return [python, f"{SANDBOX_DIR}/{FORWARDER_NAME}", str(INNER_PORT), f"{SANDBOX_DIR}/{SOCKET_NAME}", "--", *argv]
+def wrap_argv(python: str, argv: list[str], callers: tuple[str, ...] = ()) -> list[str]:
+    """The harness command behind the inner forwarder, as run inside the sandbox; ``callers``: the
+    recipe's model_callers (the harness's helper processes that may call the model too)."""
+    extra = ["--callers", ",".join(callers)] if callers else []
+    return [python, f"{SANDBOX_DIR}/{FORWARDER_NAME}", str(INNER_PORT), f"{SANDBOX_DIR}/{SOCKET_NAME}", *extra, "--",
+            *argv]
+
+
+def peer_pid(writer: asyncio.StreamWriter) -> int:
+    """The connecting process's pid by SO_PEERCRED (0 when the kernel cannot map it into our namespace)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return 0
+    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (/proc/PID/stat field 22): with the pid, an identity a reused pid does not share."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+FORBIDDEN = ("HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nConnection: close\r\n"
+             "Content-Length: {n}\r\n\r\n{body}")
+
+
+def forbidden(why: str) -> bytes:
+    body = json.dumps({"error": {"type": "polar_model_api_refused", "message": f"polar: {why}"}})
+    return FORBIDDEN.format(n=len(body.encode()), body=body).encode()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -67,13 +112,45 @@ class ApiSocket:
         self.path = self.dir / SOCKET_NAME
         shutil.copyfile(Path(str(files("harness_recipes.runtimes"))) / "inner_forwarder.py", self.dir / FORWARDER_NAME)
         self.active = 0
-        self.refused = 0
+        self.refused = 0  # over the connection bound
+        self.owner: tuple[int, str | None] | None = None  # the forwarder: (pid, start time), once it claimed
+        self.refused_peers = 0  # connections from any other process (straight to the socket)
+        self.refused_calls = 0  # connections the forwarder refused (not the harness's), as it reported them
+        self.refusals: list[str] = []  # the last few reasons, for the episode's record
         self.server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
 
     async def start(self) -> ApiSocket:
         self.server = await asyncio.start_unix_server(self._handle, path=str(self.path))
         return self
+
+    def _note(self, why: str) -> None:
+        self.refusals = (self.refusals + [why[:300]])[-MAX_REFUSALS_KEPT:]
+
+    def refused_metadata(self) -> dict:
+        """The episode record's account of model calls refused: not the harness's (the forwarder's
+        count), or not through the forwarder at all."""
+        return {"refused_calls": self.refused_calls, "refused_peers": self.refused_peers,
+                **({"refusals": list(self.refusals)} if self.refusals else {})}
+
+    async def _control(self, reader, writer, pid: int, start: bytes) -> None:
+        """The forwarder's CLAIM or REFUSED report (``start``: what of its line was read already)."""
+        line = start if start.endswith(b"\n") else start + await asyncio.wait_for(reader.readline(), 10)
+        if line == CLAIM and self.owner is None:
+            self.owner = (pid, start_time(pid))
+            writer.write(b"OK\n")
+        elif line.startswith(REFUSED) and self.owner == (pid, start_time(pid)):
+            self.refused_calls += 1
+            try:
+                self._note(str(json.loads(line[len(REFUSED):]).get("why", "")))
+            except ValueError:
+                self._note("(unreadable report)")
+            writer.write(b"OK\n")
+        else:
+            self.refused_peers += 1
+            self._note(f"pid {pid}: a forwarder message not from the forwarder")
+            writer.write(b"NO\n")
+        await writer.drain()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.active >= self.max_connections:
@@ -85,12 +162,31 @@ class ApiSocket:
         self._conns.add(task)
         up_writer = None
         try:
+            pid = peer_pid(writer)
+            head = await asyncio.wait_for(reader.read(CHUNK), 60)
+            while head and len(head) < len(MAGIC) and MAGIC.startswith(head):  # a message split early
+                more = await asyncio.wait_for(reader.read(CHUNK), 10)
+                if not more:
+                    break
+                head += more
+            if head.startswith(MAGIC):
+                await self._control(reader, writer, pid, head[len(MAGIC):])
+                return
+            if self.owner is None or (pid, start_time(pid)) != self.owner:
+                self.refused_peers += 1
+                why = (f"pid {pid} connected to the model API socket directly; only the sandbox's forwarder may, "
+                       "and only for the harness")
+                self._note(why)
+                writer.write(forbidden(why))
+                await writer.drain()
+                return
             up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            up_writer.write(head)
             sock = up_writer.get_extra_info("socket")
             if sock is not None:  # a relay must not add Nagle's delay to the harness's small writes
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        except OSError:
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
             self.active -= 1

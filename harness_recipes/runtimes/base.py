@@ -49,9 +49,10 @@ class Sandbox(ABC):
         """The proxy's base URL as the harness inside sees it."""
         return inner_base_url(proxy) if self.api is not None else proxy
 
-    def harness_argv(self, argv: list[str]) -> list[str]:
-        """The harness command, behind the inner forwarder when the API comes through a socket."""
-        return wrap_argv(self.python, argv) if self.api is not None else argv
+    def harness_argv(self, argv: list[str], callers: tuple[str, ...] = ()) -> list[str]:
+        """The harness command, behind the inner forwarder when the API comes through a socket; ``callers``:
+        the recipe's model_callers (inner_forwarder.py: only the harness, and those, talk to the model)."""
+        return wrap_argv(self.python, argv, callers) if self.api is not None else argv
 
     async def close_api(self) -> None:
         if self.api is not None:
