@@ -113,6 +113,8 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
         sw = g.metadata()
         # the record keeps swebench's lists in full; the end metadata (copied into every shard row) briefly
         meta.update({**sw, "tests": brief_tests(sw["tests"])})
+        if g.verdict is not None:
+            meta.update(g.verdict.metadata())
         sw.update(image=meta["image"], image_path=meta["image_path"])
         return Graded(g.reward, g.log, g.error, mp.changed, meta, sw)
     verdict, res, err = await evaluate_task(task, fresh, env, plan)
