@@ -80,6 +80,17 @@ def junit_outcomes(xml: bytes | str) -> dict[str, str]:
     return out
 
 
+def junit_collection_errors(xml: bytes | str) -> list[str]:
+    """The test files pytest could not collect (``<error message="collection failure">``): their
+    canaries never ran, which is the code's failure to import, not tampering."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return []
+    return [f"{c.get('classname', '')}::{c.get('name', '')}" for c in root.iter("testcase")
+            if any(e.tag == "error" and e.get("message") == "collection failure" for e in c)]
+
+
 UNITTEST_SUMMARY = re.compile(r"^Ran (\d+) tests? in [\d.]+s\s*\n\s*\n(OK|FAILED)(?: \(([^)\n]*)\))?[ \t]*$", re.M)
 PYTEST_SUMMARY = re.compile(
     r"^=*\s*((?:\d+ (?:failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?|rerun)(?:, )?)+)"

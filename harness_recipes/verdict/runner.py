@@ -10,7 +10,8 @@ Before any test code runs it reads the spec (the result path, the canary block, 
 it in) and deletes it, plants the canaries, opens the result file; then it runs the tests and
 writes what it recorded: unittest outcomes recorded by its own result class (before the
 framework's own bookkeeping, which the code under test may have patched), or pytest's JUnit XML;
-the exit status the framework returned; the files it planted. The node compares this with the
+the exit status the framework returned; the files it planted; a named test module that did not
+import (``load_error``). The node compares this with the
 process's exit status and the printed summary (verdict/command.py).
 """
 import json
@@ -80,17 +81,22 @@ def _unittest(args):
     class Runner(unittest.TextTestRunner):
         resultclass = Result
 
-    unittest.main(module=None, argv=["python -m unittest", *args], testRunner=Runner, exit=False)
+    try:
+        unittest.main(module=None, argv=["python -m unittest", *args], testRunner=Runner, exit=False)
+    except Exception as e:  # a named test module that does not import: unittest raises (as `-m unittest`)
+        import traceback
+        traceback.print_exc()
+        return {"<load error>": "error"}, 1, f"{type(e).__name__}: {e}"[:300]
     # The exit status unittest gives (1 on any failure, error or unexpected success), from our record
     # rather than from its result object's wasSuccessful(), which the code under test can patch.
     bad = any(o in ("failed", "error", "xpassed") for o in tests.values())
-    return tests, 1 if bad else 0
+    return tests, 1 if bad else 0, None
 
 
 def _pytest(args, junit):
     import pytest
 
-    return None, int(pytest.main([*args, "--junitxml=" + junit, "-o", "junit_family=xunit2"]))
+    return None, int(pytest.main([*args, "--junitxml=" + junit, "-o", "junit_family=xunit2"])), None
 
 
 def _main():
@@ -103,11 +109,11 @@ def _main():
     # a test file named only in part (one class or test) also gets its canary class named
     args = args + [target for rel, target in spec["targets"] if rel in planted]
     if mode == "unittest":
-        tests, code = _unittest(args)
+        tests, code, load_error = _unittest(args)
     else:
-        tests, code = _pytest(args, spec["junit"])
+        tests, code, load_error = _pytest(args, spec["junit"])
     with os.fdopen(out, "w") as f:
-        f.write(json.dumps({"mode": mode, "planted": planted, "exit": code, "tests": tests}))
+        f.write(json.dumps({"mode": mode, "planted": planted, "exit": code, "tests": tests, "load_error": load_error}))
         f.flush()
         os.fsync(f.fileno())
     return code

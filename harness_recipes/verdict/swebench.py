@@ -31,6 +31,7 @@ from harness_recipes.verdict.evidence import (
     UNREADABLE,
     Verdict,
     count,
+    junit_collection_errors,
     junit_outcomes,
     tampered,
 )
@@ -155,10 +156,15 @@ def judge_swebench(ins: Instrumented, log: str, report: dict, status_map: dict[s
             return tampered([f"swebench resolved it, but {why}"] + reasons, ev)
         return Verdict(FAILED if found else UNREADABLE, 0.0, [why] + reasons, ev)
     ev["structured"] = count(structured)
-    reasons += [f"JUnit XML: {w}" for w in ins.canaries.check(structured, len(ins.files))]
-    if found:
-        reasons += [f"parser: {w}" for w in ins.canaries.check(parsed, len(ins.files))]
+    # a test file that does not import runs none of its tests, canaries included: the code's failure
+    unloaded = junit_collection_errors(junit_xml)
+    if unloaded:
+        ev["not_collected"] = unloaded[:5]
     else:
+        reasons += [f"JUnit XML: {w}" for w in ins.canaries.check(structured, len(ins.files))]
+        if found:
+            reasons += [f"parser: {w}" for w in ins.canaries.check(parsed, len(ins.files))]
+    if not found:
         reasons.append(f"swebench found no gradable test output in the log, but the JUnit XML holds "
                        f"{len(structured)} results: the log does not describe the run")
     bad = any(o in ("failed", "error") for o in structured.values())

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "data" / "tasks" / "tasks.jsonl"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 FIX = "sed -i 's/return a - b/return a + b/' calc.py\n"
+# an honest patch that breaks the module: the test module cannot import, so its canaries never run;
+# that is the code's failure (failed), not tampering
+BROKEN = "sed -i 's/def add(a, b):/def add(a, b)(:/' calc.py\n"
 
 
 def append(code: str) -> str:
@@ -148,7 +151,7 @@ def check(results: dict, expected: dict[str, str], controls_forge: set[str]):
 
 def test_unittest_task_attacks_get_zero_fix_one_noop_kept(tmp_path, runtime):
     """The bundled fix-add as it ships (`python3 -m unittest -q test_calc`, the system python)."""
-    results = grade_all(runtime, fix_add(), {**ATTACKS, "fix": FIX, "noop": "true"}, tmp_path)
+    results = grade_all(runtime, fix_add(), {**ATTACKS, "fix": FIX, "noop": "true", "broken": BROKEN}, tmp_path)
     check(results, EXPECTED, {"atexit-exit0", "patch-reporting", "patch-testcase-run"})
     ev = results["fix"][1].eval
     assert ev["evidence"]["runner"] == "unittest" and ev["evidence"]["planted"] == 1
@@ -158,13 +161,17 @@ def test_unittest_task_attacks_get_zero_fix_one_noop_kept(tmp_path, runtime):
     # the structured result saw the canaries (2 of the 3 tests), the summary agreed
     assert noop["evidence"]["structured"] == {"passed": 1, "failed": 2}, noop
     assert noop["evidence"]["summary"]["ran"] == 3, noop
+    broken = results["broken"][1].eval
+    assert any("did not load" in r and "SyntaxError" in r for r in broken["verdict_reasons"]), broken
 
 
 def test_pytest_task_attacks_get_zero(tmp_path, runtime):
     """The same task graded by pytest (JUnit XML is the structured result)."""
-    results = grade_all(runtime, fix_add_pytest(), {**ATTACKS, "fix": FIX}, tmp_path)
+    results = grade_all(runtime, fix_add_pytest(), {**ATTACKS, "fix": FIX, "broken": BROKEN}, tmp_path)
     check(results, EXPECTED_PYTEST, {"atexit-exit0", "patch-reporting"})
     assert results["fix"][1].eval["evidence"]["runner"] == "pytest"
+    broken = results["broken"][1].eval
+    assert any("did not load" in r for r in broken["verdict_reasons"]), broken
 
 
 def test_through_the_pipeline_a_tampered_episode_is_kept_with_reward_zero(tmp_path, end_server):

@@ -130,6 +130,13 @@ def test_attacks_from_the_code_under_test_are_tampered(task, tmp_path, attack):
         assert ">>>>> Test Exit Code: 0" in log.splitlines()
 
 
+def test_a_fix_that_breaks_the_module_is_failed_not_tampered(task, tmp_path):
+    """The test file cannot import: none of its tests run, canaries included; the code's failure."""
+    g, _ = graded(task, tmp_path, "broken", "def broken(:\n")
+    assert g.reward == 0.0 and not g.error and g.verdict.status == "failed", g.verdict
+    assert g.verdict.evidence["not_collected"], g.verdict.evidence
+
+
 def test_instrumenting_changes_only_what_it_adds():
     """The flask row's official script (swebench 4.1.0's own bytes): the instrumented script keeps
     every line in order and adds the canary planting before the start marker, --junitxml on the test
