@@ -168,6 +168,8 @@ async def instrument(plan: Plan, eval_cmd: str, sandbox: Sandbox) -> Instrumente
     body = {"result": str(result), "junit": str(junit), "plant": list(plan.files), "block": can.block(),
             "targets": [[rel, t.format(cls=can.cls)] for rel, t in plan.targets]}
     await sandbox.write_file(str(spec), json.dumps(body))
+    # writable by a container's root (no CAP_DAC_OVERRIDE) whoever owns the host side; not listable
+    d.chmod(0o733)
     start, end = plan.span
     run = (f"{plan.python} -c {shlex.quote(f'exec(open({str(runner)!r}).read())')} {shlex.quote(str(spec))} "
            f"{plan.mode}")
@@ -224,7 +226,7 @@ def judge(mode: str, ins: Instrumented, res: ExecResult) -> Verdict:
     bad = any(o in ("failed", "error") for o in tests.values())
     if bad != (record["exit"] != 0):
         reasons.append(f"the {where} {'has' if bad else 'has no'} failures, the framework returned {record['exit']}")
-    reasons += _summary_disagrees(mode, text, tests, ev)
+    reasons += _summary_disagrees(mode, text, tests, ev, record.get("events"))
     real = without_canaries(tests, ins.canaries)
     if reasons:
         return tampered(reasons, ev, real)
@@ -237,7 +239,7 @@ def judge(mode: str, ins: Instrumented, res: ExecResult) -> Verdict:
     return Verdict(PASSED if ok else FAILED, 1.0 if ok else 0.0, [], ev, real)
 
 
-def _summary_disagrees(mode: str, text: str, tests: dict[str, str], ev: dict) -> list[str]:
+def _summary_disagrees(mode: str, text: str, tests: dict[str, str], ev: dict, events: dict | None) -> list[str]:
     """The printed summary against the structured result. Absent (the eval command sent the output
     elsewhere): recorded, no disagreement. Printed twice: someone printed one."""
     c = count(tests)
@@ -246,9 +248,18 @@ def _summary_disagrees(mode: str, text: str, tests: dict[str, str], ev: dict) ->
         ev["summary"] = sums[-1] if len(sums) == 1 else len(sums)
         if len(sums) > 1:
             return [f"{len(sums)} unittest summaries printed"]
-        if sums and (sums[0]["ran"] != len(tests) or sums[0]["ok"] == any(o in ("failed", "error", "xpassed")
-                                                                          for o in tests.values())):
-            return [f"the printed summary {sums[0]} disagrees with the unittest result {c}"]
+        if not sums:
+            return []
+        s = sums[0]
+        bad = any(o in ("failed", "error", "xpassed") for o in tests.values())
+        # failures / errors as unittest counts them (a failing subtest each), recorded by the runner
+        # and those counts against the outcomes: one event per failing test, more only from subtests
+        n_bad = sum(o in ("failed", "error") for o in tests.values())
+        counted = (isinstance(events, dict) and all(s.get(k, 0) == events.get(k) for k in ("failures", "errors"))
+                   and (events["failures"] + events["errors"] == n_bad if not events.get("subtests")
+                        else events["failures"] + events["errors"] >= n_bad))
+        if s["ran"] != len(tests) or s["ok"] == bad or not counted:
+            return [f"the printed summary {s} disagrees with the unittest result {c} ({events})"]
         return []
     sums = pytest_summary(text)
     ev["summary"] = sums[-1] if len(sums) == 1 else len(sums)

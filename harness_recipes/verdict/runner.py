@@ -41,6 +41,7 @@ def _unittest(args):
     import unittest
 
     tests = {}
+    events = {"failures": 0, "errors": 0, "subtests": 0}  # as unittest counts them (each failing subtest once)
     base = unittest.TextTestResult
 
     def note(test, outcome):
@@ -55,10 +56,12 @@ def _unittest(args):
 
         def addFailure(self, test, err):
             note(test, "failed")
+            events["failures"] += 1
             base.addFailure(self, test, err)
 
         def addError(self, test, err):
             note(test, "error")
+            events["errors"] += 1
             base.addError(self, test, err)
 
         def addSkip(self, test, reason):
@@ -75,7 +78,10 @@ def _unittest(args):
 
         def addSubTest(self, test, subtest, err):
             if err is not None:
-                note(test, "failed" if issubclass(err[0], test.failureException) else "error")
+                failed = issubclass(err[0], test.failureException)
+                note(test, "failed" if failed else "error")
+                events["failures" if failed else "errors"] += 1
+                events["subtests"] += 1
             base.addSubTest(self, test, subtest, err)
 
     class Runner(unittest.TextTestRunner):
@@ -86,17 +92,17 @@ def _unittest(args):
     except Exception as e:  # a named test module that does not import: unittest raises (as `-m unittest`)
         import traceback
         traceback.print_exc()
-        return {"<load error>": "error"}, 1, f"{type(e).__name__}: {e}"[:300]
+        return {"<load error>": "error"}, 1, {"load_error": f"{type(e).__name__}: {e}"[:300]}
     # The exit status unittest gives (1 on any failure, error or unexpected success), from our record
     # rather than from its result object's wasSuccessful(), which the code under test can patch.
     bad = any(o in ("failed", "error", "xpassed") for o in tests.values())
-    return tests, 1 if bad else 0, None
+    return tests, 1 if bad else 0, {"events": events}
 
 
 def _pytest(args, junit):
     import pytest
 
-    return None, int(pytest.main([*args, "--junitxml=" + junit, "-o", "junit_family=xunit2"])), None
+    return None, int(pytest.main([*args, "--junitxml=" + junit, "-o", "junit_family=xunit2"])), {}
 
 
 def _main():
@@ -109,11 +115,11 @@ def _main():
     # a test file named only in part (one class or test) also gets its canary class named
     args = args + [target for rel, target in spec["targets"] if rel in planted]
     if mode == "unittest":
-        tests, code, load_error = _unittest(args)
+        tests, code, extra = _unittest(args)
     else:
-        tests, code, load_error = _pytest(args, spec["junit"])
+        tests, code, extra = _pytest(args, spec["junit"])
     with os.fdopen(out, "w") as f:
-        f.write(json.dumps({"mode": mode, "planted": planted, "exit": code, "tests": tests, "load_error": load_error}))
+        f.write(json.dumps({"mode": mode, "planted": planted, "exit": code, "tests": tests, **extra}))
         f.flush()
         os.fsync(f.fileno())
     return code
