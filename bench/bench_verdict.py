@@ -1,7 +1,8 @@
 """What the verdict's evidence costs: grading time with canaries + structured result, against without.
 
     .venv/bin/python bench/bench_verdict.py --reps 5                 # bundled task + inflection on the host
-    .venv/bin/python bench/bench_verdict.py --reps 5 --docker        # + inflection through grade_episode in docker
+    .venv/bin/python bench/bench_verdict.py --reps 5 --docker        # + the flask row through grade_episode in docker
+    .venv/bin/python bench/bench_verdict.py --reps 5 --docker --row inflection
 
 Each rep grades a fixed episode (the fix applied) twice, alternating which goes first:
 - command: the bundled fix-add (`python3 -m unittest -q test_calc`) in a fresh local workspace
@@ -11,8 +12,10 @@ Each rep grades a fixed episode (the fix applied) twice, alternating which goes 
 - swebench-host: the inflection row's official eval script in a checkout on the host (no docker),
   tasks/swebench/grade.py `grade` whole (script, swebench's report and log reading, the verdict),
   the baseline instrumented with the exit-status line only (as swebench's own harness does);
-- swebench-docker (`--docker`): the same row through `grade_episode` on the docker runtime
-  (snapshot, fresh container, patch, eval script, report), baseline as above.
+- swebench-docker (`--docker`): a row through `grade_episode` on the docker runtime (snapshot,
+  fresh container, the fix as the model patch, eval script, report), baseline as above: the
+  published flask row (data/swebench-verified, its gold patch; the image built here from PyPI
+  the first time), or `--row inflection` (the bundled row, its fix).
 Prints medians and the overhead in percent; writes bench/results/verdict.json.
 """
 from __future__ import annotations
@@ -102,8 +105,9 @@ async def docker_once(rt, task, checked: bool, tmp: Path) -> float:
     from harness_recipes.node.grading import grade_episode
     eid = f"bench-{'c' if checked else 'b'}-{time.monotonic_ns()}"
     sb = await rt.prepare(task, eid, Path("/usr/bin/python3"))
-    fix = f"sed -i 's/{FIX[0]}/{FIX[1]}/' inflection/__init__.py"
-    res = await sb.exec(["bash", "-c", fix], {"PATH": "/usr/bin:/bin", "HOME": "/root"}, timeout=60, cwd=sb.workspace)
+    await sb.write_file(f"{sb.home}/fix.patch", task.swebench["patch"])
+    res = await sb.exec(["git", "apply", f"{sb.home}/fix.patch"], {"PATH": "/usr/bin:/bin", "HOME": "/root"},
+                        timeout=60, cwd=sb.workspace)
     assert res.rc == 0, res
     sg.instrument_script = _instrument if checked else exit_line_only
     try:
@@ -129,27 +133,33 @@ def summary(name: str, base: list[float], checked: list[float]) -> dict:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--docker", action="store_true", help="also grade the inflection row in docker")
+    ap.add_argument("--docker", action="store_true", help="also grade a row in docker")
+    ap.add_argument("--row", choices=("flask", "inflection"), default="flask", help="the row graded in docker")
+    ap.add_argument("--no-host", action="store_true", help="skip the command task and the host-run row")
     a = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        task = next(t for t in load_tasks(ROOT / "data" / "tasks" / "tasks.jsonl") if t.id == "fix-add")
-        rt = LocalRuntime(isolation="bwrap" if bwrap_available() else "none", workdir=str(tmp))
-        runs: dict[bool, list[float]] = {False: [], True: []}
-        for i in range(a.reps):
-            for checked in ((False, True) if i % 2 == 0 else (True, False)):
-                runs[checked].append(await command_once(rt, task, checked))
-        results.append(summary(f"command ({rt.isolation})", runs[False], runs[True]))
         (inst,) = load_instances(ROOT / "data" / "swebench" / "mini.jsonl", instances=[INFLECTION])
-        runs = {False: [], True: []}
-        for i in range(a.reps):
-            for checked in ((False, True) if i % 2 == 0 else (True, False)):
-                runs[checked].append(await host_once(inst, checked, tmp))
-        results.append(summary("swebench-host", runs[False], runs[True]))
+        if not a.no_host:
+            task = next(t for t in load_tasks(ROOT / "data" / "tasks" / "tasks.jsonl") if t.id == "fix-add")
+            rt = LocalRuntime(isolation="bwrap" if bwrap_available() else "none", workdir=str(tmp))
+            runs: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(a.reps):
+                for checked in ((False, True) if i % 2 == 0 else (True, False)):
+                    runs[checked].append(await command_once(rt, task, checked))
+            results.append(summary(f"command ({rt.isolation})", runs[False], runs[True]))
+            runs = {False: [], True: []}
+            for i in range(a.reps):
+                for checked in ((False, True) if i % 2 == 0 else (True, False)):
+                    runs[checked].append(await host_once(inst, checked, tmp))
+            results.append(summary("swebench-host", runs[False], runs[True]))
         if a.docker:
+            if a.row == "flask":
+                data = ROOT / "data" / "swebench-verified"
+                (inst,) = load_instances(f"swebench:{data / 'flask-5014.jsonl'}", repos=data / "repos")
             from harness_recipes.runtimes.docker import DockerRuntime
-            drt = DockerRuntime(network="none", memory="1g", cpus=1.0, workdir=str(tmp))
+            drt = DockerRuntime(network="none", memory="2g", cpus=1.0, workdir=str(tmp))
             try:
                 runs = {False: [], True: []}
                 for i in range(a.reps):
@@ -157,9 +167,11 @@ async def main() -> None:
                         runs[checked].append(await docker_once(drt, inst, checked, tmp))
             finally:
                 await drt.shutdown()
-            results.append(summary("swebench-docker", runs[False], runs[True]))
+            results.append(summary(f"swebench-docker ({a.row})", runs[False], runs[True]))
     out = BENCH / "results" / "verdict.json"
-    out.write_text(json.dumps({"results": results}, indent=1) + "\n")
+    old = json.loads(out.read_text())["results"] if out.is_file() else []
+    kept = [r for r in old if r["what"] not in {x["what"] for x in results}]
+    out.write_text(json.dumps({"results": kept + results}, indent=1) + "\n")
     print(f"wrote {out}")
 
 
