@@ -125,7 +125,17 @@ def _passing(o: str | None) -> bool:
 def judge_swebench(ins: Instrumented, log: str, report: dict, status_map: dict[str, str], found: bool,
                    f2p_p2p: list[str], junit_xml: bytes | None, timed_out: bool) -> Verdict:
     """The verdict of one graded run (``report``: swebench's get_eval_report for the instance; ``found``
-    and ``status_map``: its get_logs_eval)."""
+    and ``status_map``: its get_logs_eval). Never raises on what the run wrote (a raise would end the
+    episode as a node error: a discard)."""
+    try:
+        return _judge(ins, log, report, status_map, found, f2p_p2p, junit_xml, timed_out)
+    except Exception as e:  # noqa: BLE001 - see above
+        return tampered([f"the evidence could not be read: {type(e).__name__}: {e}"],
+                        {"checked": ins.canaries is not None, "parser_found": found})
+
+
+def _judge(ins: Instrumented, log: str, report: dict, status_map: dict[str, str], found: bool,
+           f2p_p2p: list[str], junit_xml: bytes | None, timed_out: bool) -> Verdict:
     codes = exit_codes(log)
     ev: dict = {"checked": ins.canaries is not None, "parser_found": found,
                 "exit_status": codes[-1] if codes else None}

@@ -158,9 +158,14 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
         # before any graded code ran
         return Grade(0.0, f"the eval script timed out after {timeout:g}s before the tests started (eval_timeout)",
                      log=res)
-    report = grade_log(inst, model_patch, log_path, script)
+    try:
+        report = grade_log(inst, model_patch, log_path, script)
+        status_map, found = logs_eval(inst, log_path, script)
+    except Exception as e:  # noqa: BLE001 - a parser that chokes on what the graded run printed: the
+        # run's doing, a 0; raised, it would end the episode as a node error (a discard, an escape)
+        report, status_map, found = {"resolved": False, "patch_successfully_applied": False,
+                                     "parser_error": f"{type(e).__name__}: {e}"[:300]}, {}, False
     (outdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    status_map, found = logs_eval(inst, log_path, script)
     junit = None
     if ins.junit is not None:
         try:
