@@ -16,13 +16,16 @@ Each rep grades a fixed episode (the fix applied) twice, alternating which goes 
   fresh container, the fix as the model patch, eval script, report), baseline as above: the
   published flask row (data/swebench-verified, its gold patch; the image built here from PyPI
   the first time), or `--row inflection` (the bundled row, its fix).
-Prints medians and the overhead in percent; writes bench/results/verdict.json.
+Prints medians and the overhead in percent (wall time; for the command and host runs also CPU
+time of this process and its children, steadier on a shared machine); writes
+bench/results/verdict.json (runs of other modes already there are kept).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -46,6 +49,14 @@ ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8"
 INFLECTION = "jpvanhal__inflection-ordinal-thirteen"
 FIX = ("number % 100 in (11, 12):", "number % 100 in (11, 12, 13):")
 _instrument = vs.instrument_script
+CPU: dict[bool, list[float]] = {False: [], True: []}  # CPU seconds (this process + its children) per grading
+
+
+def cpu_now() -> float:
+    """CPU seconds used so far by this process and its waited-for children: less sensitive than wall
+    time to the other work on a shared machine (docker's processes are not ours: wall time only)."""
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + c.ru_utime + c.ru_stime
 
 
 def exit_line_only(script: str, home: str) -> vs.Instrumented:
@@ -62,9 +73,10 @@ async def command_once(rt, task, checked: bool) -> float:
         env = {**ENV, "PATH": "/usr/bin:/bin", "HOME": sb.home}
         plan = (plan_command(task.eval_cmd, workspace_files(Path(sb.workspace), patch_paths(task.eval_patch)))
                 if checked else Plan(why="baseline"))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_now()
         verdict, _, err = await evaluate_task(task, sb, env, plan)
         dt = time.perf_counter() - t0
+        CPU[checked].append(cpu_now() - c0)
         assert not err and verdict.reward == 1.0, (err, verdict)
         return dt
     finally:
@@ -92,9 +104,10 @@ async def host_once(task, checked: bool, tmp: Path) -> float:
     inst = {**task.swebench, "eval_script": task.swebench["eval_script"].replace("/testbed", sb.workspace)}
     sg.instrument_script = _instrument if checked else exit_line_only
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_now()
         g = await sg.grade(inst, sb, {**ENV, "HOME": sb.home}, 300, root / "out", "fix")
         dt = time.perf_counter() - t0
+        CPU[checked].append(cpu_now() - c0)
     finally:
         sg.instrument_script = _instrument
     assert g.reward == 1.0 and g.verdict.status == "passed", g.verdict
@@ -126,7 +139,14 @@ def summary(name: str, base: list[float], checked: list[float]) -> dict:
     out = {"what": name, "reps": len(base), "baseline_s": round(b, 4), "checked_s": round(c, 4),
            "overhead_pct": round(100 * (c - b) / b, 1), "baseline_all": [round(x, 4) for x in base],
            "checked_all": [round(x, 4) for x in checked]}
-    print(f"{name:16s} baseline {b:.3f} s  checked {c:.3f} s  overhead {out['overhead_pct']:+.1f}%")
+    line = f"{name:24s} wall: baseline {b:.3f} s  checked {c:.3f} s  overhead {out['overhead_pct']:+.1f}%"
+    if CPU[False]:
+        cb, cc = statistics.median(CPU[False]), statistics.median(CPU[True])
+        out.update(baseline_cpu_s=round(cb, 4), checked_cpu_s=round(cc, 4), cpu_overhead_pct=round(100 * (cc - cb) / cb, 1))
+        line += f"   cpu: {cb:.3f} s -> {cc:.3f} s ({out['cpu_overhead_pct']:+.1f}%)"
+        CPU[False].clear()
+        CPU[True].clear()
+    print(line)
     return out
 
 
