@@ -50,6 +50,9 @@ VALUE_OPTIONS = {"unittest": {"-k", "-p", "-s", "-t"},
 # options that select tests by expression: the canaries could be deselected, so the run is unchecked
 SELECTING = {"unittest": {"-k"}, "pytest": {"-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise"}}
 CHDIR = re.compile(r"(?:^|[\s;&|(])(?:cd|pushd)(?=\s|$)")
+# options that stop at the first failure: the canaries (last in their file) may never run
+FAILFAST = {"unittest": {"-f", "--failfast"}, "pytest": {"-x", "--exitfirst", "--maxfail"}}
+FAILFAST_LETTER = {"unittest": "f", "pytest": "x"}
 MODULE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
 
@@ -125,6 +128,12 @@ def plan_command(eval_cmd: str, exists: Callable[[str], bool]) -> Plan:
     sel = sorted(SELECTING[mode].intersection(w.split("=", 1)[0] for w in words))
     if sel:
         return Plan(why=f"{' '.join(sel)} selects tests by expression: the canaries could be deselected")
+    # failfast, also inside a cluster of short flags (-qx); a cluster led by an option taking a value
+    # (-rxs: -r's value) is read as one too: unchecked, the safe side
+    stop_first = [w for w in words if w.split("=", 1)[0] in FAILFAST[mode]
+                  or (re.fullmatch(r"-[A-Za-z]{2,}", w) and FAILFAST_LETTER[mode] in w)]
+    if stop_first:
+        return Plan(why=f"{stop_first[0]} stops at the first failure: the canaries may not run")
     whole, part = _targets(mode, words, exists)
     if not whole and not part:
         return Plan(why="the test runner is given no test file of the workspace to plant the canaries in")

@@ -80,6 +80,8 @@ def instrument_script(script: str, home: str) -> Instrumented:
     if "pytest" not in " ".join(words) or "-rA" not in words:
         return Instrumented("\n".join(lines), why="the test command is not a pytest -rA run: swebench's parser and "
                                                    "the exit status only")
+    if any(w.split("=", 1)[0] in ("-x", "--exitfirst", "--maxfail") for w in words):
+        return Instrumented("\n".join(lines), why="the test command stops at the first failure: canaries may not run")
     test_files = tuple(dict.fromkeys(w.split("::")[0] for w in words if w.split("::")[0].endswith(".py")))
     if not test_files:
         return Instrumented("\n".join(lines), why="the test command names no test file for the canaries")

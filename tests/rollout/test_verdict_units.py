@@ -38,6 +38,10 @@ def test_instrumented_evals(cmd, mode, files, targets):
     ("python -m pytest tests/", "no test file"),
     ("python -m pytest nothere.py", "no test file"),
     ("cd sub && python3 -m unittest test_calc", "changes directory"),
+    ("python -m pytest -x test_calc.py", "-x stops at the first failure"),
+    ("python -m pytest -qx test_calc.py", "-qx stops"),
+    ("python -m pytest --maxfail=2 test_calc.py", "--maxfail=2 stops"),
+    ("python3 -m unittest -f test_calc", "-f stops"),
     ("python -m unittest 'test_calc", "cannot read"),
 ])
 def test_evals_left_unchecked_say_why(cmd, why):
