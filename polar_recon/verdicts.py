@@ -14,17 +14,18 @@ from typing import Any
 
 from polar_contracts.log.schema import KIND_CALL
 from polar_contracts.log.table import read_table
+from polar_contracts.verdicts import TAMPERED_KEY, TIMED_OUT, UNCHECKED, UNREADABLE, VERDICT_KEY
 from polar_recon.strategies import oldest_version
 
 UNKNOWN = "unknown"
-COUNTED = ("discarded", "eval_error", "tampered", "unreadable", "timed_out", "unchecked")
+COUNTED = ("discarded", "eval_error", TAMPERED_KEY, UNREADABLE, TIMED_OUT, UNCHECKED)
 
 
 def entry(metadata: dict[str, Any], policy: str | None) -> dict[str, Any]:
     """One episode's manifest entry from its end metadata."""
     ev = metadata.get("eval") if isinstance(metadata.get("eval"), dict) else {}
-    return {"policy": policy if policy is not None else UNKNOWN, "verdict": ev.get("verdict"),
-            "tampered": ev.get("tampered") is True, "discarded": metadata.get("discard") is True,
+    return {"policy": policy if policy is not None else UNKNOWN, "verdict": ev.get(VERDICT_KEY),
+            "tampered": ev.get(TAMPERED_KEY) is True, "discarded": metadata.get("discard") is True,
             "status": metadata.get("status")}
 
 
@@ -51,7 +52,7 @@ def counts(verdicts: dict[str, dict]) -> dict[str, dict[str, Any]]:
         c["discarded"] += bool(e.get("discarded"))
         c["eval_error"] += e.get("status") == "eval_error"
         c["tampered"] += bool(e.get("tampered"))
-        for k in ("unreadable", "timed_out", "unchecked"):
+        for k in (UNREADABLE, TIMED_OUT, UNCHECKED):
             c[k] += e.get("verdict") == k
     for c in out.values():
         c["rates"] = {k: round(c[k] / c["episodes"], 4) for k in COUNTED}

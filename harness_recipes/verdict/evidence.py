@@ -5,7 +5,7 @@ exit status, a patched reporter writes the structured result, ``print`` writes t
 verdict requires them to agree with each other and with the canaries (canaries.py). Disagreement is
 ``tampered``: the reward is TAMPERED_REWARD and the episode stays in training (docs/security.md).
 
-Statuses (the end metadata's ``eval.verdict``):
+Statuses (the end metadata's ``eval.verdict``; the names: polar_contracts/verdicts.py):
 - ``passed`` / ``failed``: the sources agree; reward 1.0 / 0.0;
 - ``tampered``: they disagree, or a canary misbehaved; reward TAMPERED_REWARD, ``eval.tampered: true``;
 - ``unreadable``: the graded run left no result the node can read (it crashed, exited early, wrote
@@ -20,12 +20,21 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from polar_contracts.verdicts import (  # noqa: F401  (the statuses, re-exported for this package)
+    FAILED,
+    PASSED,
+    TAMPERED,
+    TAMPERED_KEY,
+    TIMED_OUT,
+    UNCHECKED,
+    UNREADABLE,
+    VERDICT_KEY,
+)
+
 # The reward for a tampered verdict: the lowest a task gives (a failing fix gets the same). Not
 # lower: a false alarm (an honest run whose output looks forged) then costs no more than a failure.
 TAMPERED_REWARD = 0.0
 
-PASSED, FAILED, TAMPERED, UNREADABLE, TIMED_OUT, UNCHECKED = (
-    "passed", "failed", "tampered", "unreadable", "timed_out", "unchecked")
 
 
 @dataclass
@@ -42,7 +51,7 @@ class Verdict:
 
     def metadata(self) -> dict:
         """The end metadata's ``eval`` keys for this verdict (copied into every shard row: kept small)."""
-        out = {"verdict": self.status, "tampered": self.tampered, "evidence": self.evidence}
+        out = {VERDICT_KEY: self.status, TAMPERED_KEY: self.tampered, "evidence": self.evidence}
         if self.reasons:
             out["verdict_reasons"] = [r[:300] for r in self.reasons[:8]]
         return out
