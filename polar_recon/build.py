@@ -22,8 +22,17 @@ from polar_contracts.log.table import LogError
 from polar_recon.shard_writer import GroupRows, Manifest, ShardWriter
 
 from .fidelity import check_sequences
-from .strategies import STRATEGIES, ReconError, Retokenizer, per_call_sequences, retokenize_sequences, token_sequences
+from .strategies import (
+    STRATEGIES,
+    ReconError,
+    Retokenizer,
+    oldest_version,
+    per_call_sequences,
+    retokenize_sequences,
+    token_sequences,
+)
 from .tokens import DEFAULT_TOKENIZER, TurnMarkers
+from .verdicts import log_policy
 
 
 class RewardsError(ValueError):
@@ -184,6 +193,8 @@ def _classify(heads: Iterable[tuple[Path, EpisodeHead | LogError]], manifest: Ma
         if is_discarded(head):
             report.discarded.append(head.episode_id)
             manifest.exclude(head.episode_id, "discard", head.metadata.get(end.STATUS))
+            if head.episode_id not in manifest.verdicts:  # (watch sees it every cycle: read its log once)
+                manifest.note_verdict(head.episode_id, head.metadata, log_policy(head.path))
             continue
         reward = (opts.rewards or {}).get(head.episode_id, head.reward)
         if reward is None:
@@ -255,6 +266,9 @@ def _write_groups(builder: Builder, manifest: Manifest, ready: list[tuple[str, l
             rows = _build_group(builder, gid, members, complete, report)
             if progress:
                 progress(len(members))
+            heads = {h.episode_id: h for h, _ in members}
+            for eid, _, seqs in rows.episodes:  # saved with the shard's record below
+                manifest.note_verdict(eid, heads[eid].metadata, oldest_version([s.weight_version for s in seqs]))
             if not rows.episodes:
                 continue
             if writer is None:

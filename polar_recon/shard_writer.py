@@ -30,6 +30,7 @@ from polar_contracts.shards import (
     shard_temp_name,
     temp_name,
 )
+from polar_recon import verdicts as verdicts_
 from polar_recon.strategies import Sequence
 
 
@@ -151,6 +152,10 @@ class Manifest:
     # sampled completions of BUILT episodes that train in no row (fidelity.EXCLUDE_REASONS):
     # episode_id -> [{"call", "choice", "reason"}]; saved with `excluded_counts` {reason: n}
     excluded_calls: dict[str, list] = field(default_factory=dict)
+    # how every finished episode (built or discarded) was graded, with its policy version
+    # (verdicts.py): episode_id -> {policy, verdict, tampered, discarded, status}; saved with
+    # `verdict_counts` {policy: {episodes, discarded, eval_error, tampered, ..., rates}}
+    verdicts: dict[str, dict] = field(default_factory=dict)
     _dirty: bool = False
 
     @classmethod
@@ -166,6 +171,7 @@ class Manifest:
                 m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
                 m.excluded = dict(data.get("excluded") or {})
                 m.excluded_calls = dict(data.get("excluded_calls") or {})
+                m.verdicts = dict(data.get("verdicts") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -219,6 +225,12 @@ class Manifest:
             self.excluded[episode_id] = entry
             self._dirty = True
 
+    def note_verdict(self, episode_id: str, metadata: dict, policy: str | None) -> None:
+        entry = verdicts_.entry(metadata, policy)
+        if self.verdicts.get(episode_id) != entry:
+            self.verdicts[episode_id] = entry
+            self._dirty = True
+
     def save_if_changed(self) -> None:
         if self._dirty:
             self.save()
@@ -240,7 +252,8 @@ class Manifest:
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
                                    "episodes": self.episodes, "excluded": self.excluded,
                                    "excluded_calls": self.excluded_calls,
-                                   "excluded_counts": self.excluded_counts()}, sort_keys=True))
+                                   "excluded_counts": self.excluded_counts(), "verdicts": self.verdicts,
+                                   "verdict_counts": verdicts_.counts(self.verdicts)}, sort_keys=True))
         os.replace(tmp, path)
         self._dirty = False
 

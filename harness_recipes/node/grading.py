@@ -9,11 +9,21 @@ After the harness:
    (model_patch.py: computed by a git the agent never configured, test infrastructure stripped);
 3. only that patch is applied there (`git apply`; one that does not apply is a graded 0 with that
    reason, the model's doing), then the task's tests run: swebench's eval script and report, or the
-   task's eval command.
+   task's eval command;
+4. the verdict (harness_recipes/verdict/): the structured result, the exit status, the printed
+   summary (swebench's parser) and canary tests planted at grading time must agree; otherwise it
+   is `tampered` (reward verdict.evidence.TAMPERED_REWARD, kept in training).
+
+Errors are not an escape: once the model patch applied, whatever the graded run leaves (no output,
+garbage, a hang past the eval timeout) is a graded 0 or `tampered`, never a discard. Only what the
+node observes outside the graded code discards (``Graded.error``: the task's own test or eval patch
+does not apply; an exception here: an image missing, a container that never started, the host's
+disk).
 
 What the record gets: `model.patch` in the episode directory, and `eval` metadata with `grading`
 (the runtime's: "fresh-container" | "fresh-workspace"), the patch's sha256 and size,
-`stripped_paths`, `dropped_paths`.
+`stripped_paths`, `dropped_paths`, and the verdict: `verdict`, `tampered`, `evidence`
+(`verdict_reasons` when it is not plainly passed or failed).
 
 Bounds (file_tree.Budget): the agent's tree, its patch and the time spent reading and diffing are
 bounded; crossing one is the agent's doing: a graded 0, kept for training, with `over_budget` (the
@@ -32,6 +42,8 @@ from harness_recipes.runtimes.base import ExecResult, Runtime, Sandbox
 from harness_recipes.runtimes.file_tree import Budget, ObjectStore, OverBudget
 from harness_recipes.tasks.swebench.grade import brief_tests, grade
 from harness_recipes.tasks.task_file import Task
+from harness_recipes.verdict.command import Plan, instrument, judge, plan_command, unchecked, workspace_files
+from harness_recipes.verdict.evidence import Verdict
 
 
 @dataclass
@@ -107,6 +119,10 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
         pristine = await fresh.snapshot(store)
     except OverBudget as e:  # the node's own tree: its budget is too small for the task, not the agent's doing
         raise RuntimeError(f"the task's pristine tree is over the grading budget ({e}): raise --grading-budget") from None
+    # how the eval command is instrumented: decided on the pristine tree, so the patch cannot delete a
+    # test file to have its run graded by the exit status alone
+    plan = None if task.swebench else plan_command(
+        task.eval_cmd, workspace_files(Path(fresh.workspace), patch_paths(task.eval_patch)))
     mp = await asyncio.to_thread(model_patch, store, pristine, theirs, test_paths(task))
     (outdir / "model.patch").write_bytes(mp.patch)
     meta = {"kind": "swebench" if task.swebench else "command", "grading": runtime.grading, **mp.metadata()}
@@ -123,7 +139,7 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
             # The node computed the patch against this very tree; should it still not apply, that is
             # the model's tree (e.g. a path beyond a symlink), graded 0 and kept.
             why = (applied.stdout + applied.stderr).decode(errors="replace")[-400:]
-            meta.update(patch_applied=False, patch_error=why)
+            meta.update(patch_applied=False, patch_error=why, verdict="failed", tampered=False)
             sw = {"resolved": False, "patch_successfully_applied": False, "tests": {}} if task.swebench else None
             if sw is not None:
                 meta.update(sw)
@@ -135,20 +151,46 @@ async def _grade_fresh(runtime: Runtime, task: Task, fresh: Sandbox, store: Obje
         sw = g.metadata()
         # the record keeps swebench's lists in full; the end metadata (copied into every shard row) briefly
         meta.update({**sw, "tests": brief_tests(sw["tests"])})
+        if g.verdict is not None:
+            meta.update(g.verdict.metadata())
         sw.update(image=meta["image"], image_path=meta["image_path"])
         return Graded(g.reward, g.log, g.error, mp.changed, meta, sw)
-    reward, res, err = await evaluate_command(task, fresh, env)
-    return Graded(reward, res, err, mp.changed, meta)
+    verdict, res, err = await evaluate_task(task, fresh, env, plan)
+    if verdict is not None:
+        meta.update(verdict.metadata())
+        if verdict.tests:
+            meta["tests"] = brief_outcomes(verdict.tests)
+    return Graded(verdict.reward if verdict else 0.0, res, err, mp.changed, meta)
 
 
-async def evaluate_command(task: Task, sandbox: Sandbox, env: dict[str, str]) -> tuple[float, ExecResult | None, str]:
-    """A task-file task: its eval patch (tests the agent never saw), then its eval command; exit 0 -> 1.0."""
+def brief_outcomes(tests: dict[str, str]) -> dict:
+    """A command task's real tests for the end metadata (copied into every shard row): the ones that
+    did not pass by name, the rest counted."""
+    bad = sorted(t for t, o in tests.items() if o not in ("passed", "xfailed"))
+    return {"failure": bad[:50], "success_count": len(tests) - len(bad), "failure_count": len(bad)}
+
+
+async def evaluate_task(task: Task, sandbox: Sandbox, env: dict[str, str],
+                        plan: Plan) -> tuple[Verdict | None, ExecResult | None, str]:
+    """A task-file task: its eval patch (tests the agent never saw), then its eval command, instrumented
+    as ``plan`` says (verdict/command.py). A non-empty error: the task's eval patch does not apply (the
+    task's fault, found before any graded code ran), the only discard here."""
     if task.eval_patch:
         await sandbox.write_file(f"{sandbox.home}/eval.patch", task.eval_patch)
         res = await sandbox.exec(["git", "apply", f"{sandbox.home}/eval.patch"], env, timeout=60, cwd=sandbox.workspace)
         if res.rc != 0:
-            return 0.0, res, f"eval patch did not apply: {res.stderr.decode(errors='replace')[-300:]}"
-    res = await sandbox.exec(["bash", "-c", task.eval_cmd], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
-    if res.timed_out:
-        return 0.0, res, f"evaluation timed out after {task.eval_timeout:g}s"
-    return (1.0 if res.rc == 0 else 0.0), res, ""
+            return None, res, f"eval patch did not apply: {res.stderr.decode(errors='replace')[-300:]}"
+    if not plan.checked:
+        res = await sandbox.exec(["bash", "-c", task.eval_cmd], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
+        return unchecked(res, plan.why), res, ""
+    ins = await instrument(plan, task.eval_cmd, sandbox)
+    res = await sandbox.exec(["bash", "-c", ins.command], env, timeout=task.eval_timeout, cwd=sandbox.workspace)
+    return judge(plan.mode, ins, res), res, ""
+
+
+async def evaluate_command(task: Task, sandbox: Sandbox, env: dict[str, str]) -> tuple[float, ExecResult | None, str]:
+    """A task-file task graded in ``sandbox`` (its workspace as prepared, no model patch to apply):
+    (reward, the eval's result, error); evaluate_task with the plan read from the workspace."""
+    plan = plan_command(task.eval_cmd, workspace_files(Path(sandbox.workspace), patch_paths(task.eval_patch)))
+    verdict, res, err = await evaluate_task(task, sandbox, env, plan)
+    return (verdict.reward if verdict else 0.0), res, err

@@ -5,7 +5,10 @@
 
 - ``workspace``: a directory copied into a fresh workspace per episode (relative to the JSONL
   file), or ``{"git": PATH, "commit": SHA}`` for a local git repository checked out at a commit.
-- ``eval``: shell command run in the workspace after the harness; exit status 0 -> reward 1.0.
+- ``eval``: shell command run in the workspace after the harness. Its ``python -m unittest|pytest``
+  on named test files runs through Polar's runner with canary tests, and the verdict requires the
+  structured result, exit status and summary to agree (harness_recipes/verdict/command.py); any
+  other command: exit status 0 -> reward 1.0, recorded as ``verdict: unchecked``.
 - ``script``: optional, the polar-serve script that makes the scripted tiny model solve it.
 
 SWE-bench-style instances (``instance_id``, ``repo``, ``base_commit``, ``problem_statement``,

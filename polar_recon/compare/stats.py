@@ -199,6 +199,16 @@ def _by_version(eps: pl.DataFrame, solved_at: float) -> list[dict[str, Any]]:
     return g.to_dicts()
 
 
+def _verdicts(data: Data, h: str) -> dict[str, dict[str, Any]]:
+    """Per policy version: finished episodes and how many were discarded, eval errors, tampered
+    (the recon manifests' ``verdicts``, polar_recon/verdicts.py)."""
+    from polar_recon.verdicts import counts
+    merged: dict[str, dict] = {}
+    for m in data.manifests.get(h, []):
+        merged.update(m.get("verdicts") or {})
+    return counts(merged)
+
+
 def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
     rows = data.rows.filter(pl.col("harness") == h)
     eps = data.episodes.filter(pl.col("harness") == h)
@@ -217,6 +227,7 @@ def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
         "fidelity": _fidelity(rows, eps),
         "not_trained": _not_trained(data, h),
         "by_weight_version": _by_version(eps, solved_at),
+        "verdicts_by_version": _verdicts(data, h),
     }
 
 

@@ -32,6 +32,12 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "-"
 
 
+def _verdict_rates(by_version: dict[str, dict]) -> str:
+    """``v1: 12% / 0% / 4% of 50``: each policy version's discard, eval-error and tampered rates."""
+    return "; ".join(f"{v}: {_pct(c['rates']['discarded'])} / {_pct(c['rates']['eval_error'])} / "
+                     f"{_pct(c['rates']['tampered'])} of {c['episodes']}" for v, c in by_version.items()) or "-"
+
+
 def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(label, value) pairs of one harness, in the table's order."""
     e, c, r, f, rw = h["episodes"], h["calls"], h["rows"], h["fidelity"], h["reward"]
@@ -65,6 +71,7 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
          f"{f['worst_rerender']['episode']} ({f['worst_rerender']['tokens']} tok)"),
         ("chain breaks (new segments)", f"{f['chain_breaks']} in {f['episodes_with_breaks']} episodes"),
         ("samples not trained, by reason", _counts(h["not_trained"]["samples"])),
+        ("discard / eval_error / tampered by version", _verdict_rates(h.get("verdicts_by_version") or {})),
         ("longest episode (row tokens)", "-" if not r["tokens_per_episode"] else r["tokens_per_episode"]["max_episode"]),
     ]
     if h.get("drift"):

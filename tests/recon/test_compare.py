@@ -209,8 +209,10 @@ def _synthetic(tmp_path: Path) -> tuple[Path, Path]:
         c.call(L.Sample("Write it.", "", [L.write_tool()]), results=["ok"])
         L.auxiliary_call(c.w)
         c.call(L.Sample("Done.", "hello.txt contains hi.", []))
-    L.episode(logdir, "ok-2", with_title_call, reward=0.0, metadata=meta)
-    L.episode(logdir, "bad-1", L.two_tool_turns, reward=0.0,
+    # policy version 2: one tampered verdict (kept, reward 0), one eval error (discarded)
+    L.episode(logdir, "ok-2", with_title_call, reward=0.0, weight_version="2",
+              metadata={**meta, "eval": {"verdict": "tampered", "tampered": True}})
+    L.episode(logdir, "bad-1", L.two_tool_turns, reward=0.0, weight_version="2",
               metadata={**meta, "discard": True, "status": "eval_error", "reason": "no test output"})
     L.episode(logdir, "running-1", L.two_tool_turns, end=False)
     r = CliRunner().invoke(main, ["build", str(logdir), str(out), "--group-by", "episode"])
@@ -236,6 +238,17 @@ def test_exclusions_and_bare_logdirs(tmp_path):
     assert want and h["not_trained"]["samples"] == want
     assert all(ids == ["ok-2"] for ids in h["not_trained"]["refs"].values())
     assert h["calls"]["auxiliary_calls"] == 1
+    # how episodes were graded, per policy version (built and discarded alike): manifest and report
+    v1 = {"episodes": 1, "discarded": 0, "eval_error": 0, "tampered": 0, "unreadable": 0, "timed_out": 0,
+          "unchecked": 0}
+    v2 = {**v1, "episodes": 2, "discarded": 1, "eval_error": 1, "tampered": 1}
+    assert {v: {k: c[k] for k in v1} for v, c in man["verdict_counts"].items()} == {"1": v1, "2": v2}
+    assert man["verdict_counts"]["2"]["rates"]["tampered"] == 0.5 and man["verdicts"]["ok-2"]["tampered"] is True
+    assert man["verdicts"]["bad-1"] == {"policy": "2", "verdict": None, "tampered": False, "discarded": True,
+                                        "status": "eval_error"}
+    assert h["verdicts_by_version"] == man["verdict_counts"]
+    table = CliRunner().invoke(main, ["compare", f"synth={out}", "--logdir", str(logdir)], catch_exceptions=False)
+    assert "2: 50.0% / 50.0% / 50.0% of 2" in table.output.replace("\n", " "), table.output
     # a bare log directory: grouped by the end metadata's harness; the unfinished log counts calls only
     rep = _compare(logdir)
     assert list(rep["harnesses"]) == ["synth"]

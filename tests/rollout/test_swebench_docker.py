@@ -1,10 +1,11 @@
 """SWE-bench episodes on the docker runtime: the instance's image, swebench's grading, and bad input.
 
 A fix graded resolved (reward 1.0), no fix graded unresolved (reward 0.0, a real model failure,
-kept for training); and the failures that are not the model's: an image that cannot be built, a
-test_patch that does not apply, tests that hang, a container that dies. Each of those ends its
-episode with a recorded status and reason, discarded (never a reward 0 that reads as the model's
-failure), and the run goes on with the other episodes.
+kept for training); and the failures that are not the model's, found outside the graded code: an
+image that cannot be built, a test_patch that does not apply, a container that dies. Each of those
+ends its episode with a recorded status and reason, discarded (never a reward 0 that reads as the
+model's failure), and the run goes on with the other episodes. Tests that hang and a log with no
+test output are the graded code's: a kept 0.
 """
 from __future__ import annotations
 
@@ -102,13 +103,16 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
     assert end_server.ends[bp["episode_id"]]["metadata"]["discard"] is True
     assert "test_patch does not apply" in end_server.ends[bp["episode_id"]]["metadata"]["reason"]
 
+    # Once the tests run, their output is the graded code's: tests that hang and a log swebench reads
+    # nothing from are a graded 0, kept (a discard would let a failing policy escape its negative
+    # advantage: issue 31); every episode of a broken instance gets the same 0, which trains nothing.
     hang = recs[f"{t.id}-hang"]
-    assert hang["status"] == "eval_error" and "tests timed out after 3s" in hang["error"], hang
-    assert end_server.ends[hang["episode_id"]]["metadata"]["discard"] is True
+    assert hang["status"] == "done" and hang["reward"] == 0.0 and hang["eval"]["verdict"] == "timed_out", hang
+    assert end_server.ends[hang["episode_id"]]["metadata"]["discard"] is False
 
     noout = recs[f"{t.id}-noout"]
-    assert noout["status"] == "eval_error" and "no gradable test output" in noout["error"], noout
-    assert end_server.ends[noout["episode_id"]]["metadata"]["discard"] is True
+    assert noout["status"] == "done" and noout["reward"] == 0.0 and noout["eval"]["verdict"] == "unreadable", noout
+    assert end_server.ends[noout["episode_id"]]["metadata"]["discard"] is False
 
 
 def test_no_fix_is_a_real_unresolved_episode(tmp_path, monkeypatch, end_server, docker_runtime_cls):

@@ -10,9 +10,16 @@ through the agent's git, test infrastructure stripped):
 3. `swebench.harness.grading.get_eval_report` reads that log with the parser the instance names
    (PARSER_REGISTRY) and says FAIL_TO_PASS / PASS_TO_PASS -> resolved; reward 1.0 iff resolved.
 
-Any step that fails for a reason other than the model (test_patch does not apply, the tests hang,
-no test results in the log) returns an ``error``: the episode ends as eval_error and is discarded,
-never a reward of 0 that reads as the model's failure.
+4. the verdict (harness_recipes/verdict/swebench.py): swebench's resolved, cross-checked with the
+   exit-status line, a JUnit XML and canary tests the eval script is instrumented with; when they
+   disagree the verdict is ``tampered`` (reward 0, kept).
+
+Only a failure found before the tests run, outside the graded code, returns an ``error`` (the
+episode ends as eval_error and is discarded): test_patch does not apply to base_commit, or the
+eval timeout passes before the tests start (the install step hangs). Once the tests ran, what the
+log says is the model's: tests that hang are a 0 (``timed_out``), a log swebench reads nothing from
+is a 0 (``unreadable``) or ``tampered``, never a discard that would let a failing policy escape its
+negative advantage.
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: task code sits below the runtimes (tests/layout/test_imports.py)
     from harness_recipes.runtimes.base import ExecResult, Sandbox
+from harness_recipes.verdict.evidence import Verdict
+from harness_recipes.verdict.swebench import instrument_script, judge_swebench
 
 # Polar's bundled instances (data/swebench/), registered in swebench's repo -> parser map at import,
 # so swebench resolves their parser exactly as it does its own repos' (its pytest parser).
@@ -60,6 +69,7 @@ class Grade:
     resolved: bool = False
     report: dict = field(default_factory=dict)  # swebench's report for the instance
     log: ExecResult | None = None
+    verdict: Verdict | None = None  # the cross-checked verdict (None: graded before the tests ran)
 
     def metadata(self) -> dict:
         """The episode record's `swebench`: swebench's per-test lists in full (one copy per episode)."""
@@ -67,6 +77,8 @@ class Grade:
         return {"resolved": self.resolved,
                 "patch_successfully_applied": self.report.get("patch_successfully_applied", False),
                 "tests": {k: tests[k] for k in ("FAIL_TO_PASS", "PASS_TO_PASS") if k in tests},
+                # swebench resolved it, the verdict did not (tampered): both said
+                **({"official_resolved": True} if self.report.get("resolved") and not self.resolved else {}),
                 **({"error": self.error} if self.error else {})}
 
 
@@ -106,6 +118,13 @@ def grade_log(inst: dict, model_patch: str, log_path: Path, script: str | None =
     return get_eval_report(spec, pred, str(log_path), include_tests_status=True)[inst["instance_id"]]
 
 
+def logs_eval(inst: dict, log_path: Path, script: str) -> tuple[dict[str, str], bool]:
+    """swebench's own reading of the log: (status map, whether it found gradable output)."""
+    from swebench.harness.grading import get_logs_eval
+    register_repos()
+    return get_logs_eval(test_spec(inst, script), str(log_path))
+
+
 def _text(res: ExecResult) -> str:
     return (res.stdout + res.stderr).decode(errors="replace")
 
@@ -124,16 +143,39 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
         return Grade(0.0, f"test_patch does not apply to base_commit {base}: {_text(check)[-400:]}", log=check)
 
     script = eval_script_of(inst, sandbox)
-    await sandbox.write_file(f"{home}/eval.sh", script)
+    ins = instrument_script(script, home)
+    if ins.junit is not None:
+        # the XML's directory, made here with a random name; writable by the container's root
+        # (which holds no CAP_DAC_OVERRIDE) whoever owns the host side
+        ins.junit.parent.mkdir(mode=0o733)
+        ins.junit.parent.chmod(0o733)
+    await sandbox.write_file(f"{home}/eval.sh", ins.script)
     res = await sandbox.exec(["bash", "-c", f"bash {home}/eval.sh 2>&1"], env, timeout=timeout, cwd=wd)
     log_path = outdir / "test_output.txt"
     log_path.write_bytes(res.stdout + res.stderr)
-    if res.timed_out:
-        return Grade(0.0, f"tests timed out after {timeout:g}s (eval_timeout)", log=res)
-    report = grade_log(inst, model_patch, log_path, script)
+    text = _text(res)
+    from swebench.harness.constants import START_TEST_OUTPUT
+    if res.timed_out and START_TEST_OUTPUT not in text:
+        # the eval script never reached the tests (its install step hung): the node's observation,
+        # before any graded code ran
+        return Grade(0.0, f"the eval script timed out after {timeout:g}s before the tests started (eval_timeout)",
+                     log=res)
+    try:
+        report = grade_log(inst, model_patch, log_path, script)
+        status_map, found = logs_eval(inst, log_path, script)
+    except Exception as e:  # noqa: BLE001 - a parser that chokes on what the graded run printed: the
+        # run's doing, a 0; raised, it would end the episode as a node error (a discard, an escape)
+        report, status_map, found = {"resolved": False, "patch_successfully_applied": False,
+                                     "parser_error": f"{type(e).__name__}: {e}"[:300]}, {}, False
     (outdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    if not report.get("patch_successfully_applied"):
-        why = report.get("infra_failure_reason") or "no test results in the log"
-        return Grade(0.0, f"swebench found no gradable test output ({why}); log: {log_path}", report=report, log=res)
-    resolved = bool(report.get("resolved"))
-    return Grade(1.0 if resolved else 0.0, resolved=resolved, report=report, log=res)
+    junit = None
+    if ins.junit is not None:
+        try:
+            junit = ins.junit.read_bytes()
+        except OSError:
+            junit = None
+    verdict = judge_swebench(ins, text, report, status_map, found,
+                             list(inst.get("FAIL_TO_PASS") or []) + list(inst.get("PASS_TO_PASS") or []),
+                             junit, res.timed_out)
+    resolved = bool(report.get("resolved")) and verdict.reward == 1.0
+    return Grade(verdict.reward, resolved=resolved, report=report, log=res, verdict=verdict)
