@@ -8,9 +8,9 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 
+from harness_recipes.execution import ExecResult
 from harness_recipes.runtimes.file_tree import ObjectStore, Snapshot, snapshot_dir
 from harness_recipes.tasks.task_file import Task
 
@@ -18,15 +18,6 @@ from .api_socket import ApiSocket, inner_base_url, wrap_argv
 
 OUTPUT_CAP = 1 << 20  # keep at most 1 MiB of a command's output in memory
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
-
-
-@dataclass
-class ExecResult:
-    rc: int | None  # None: killed (timeout or cancel)
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    seconds: float
 
 
 class Sandbox(ABC):

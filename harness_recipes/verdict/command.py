@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from harness_recipes.runtimes.base import ExecResult, Sandbox
+from harness_recipes.execution import Commands, ExecResult
 from harness_recipes.verdict.canaries import Canaries, without_canaries
 from harness_recipes.verdict.evidence import (
     FAILED,
@@ -166,7 +166,7 @@ class Instrumented:
     files: tuple[str, ...] = field(default_factory=tuple)
 
 
-async def instrument(plan: Plan, eval_cmd: str, sandbox: Sandbox) -> Instrumented:
+async def instrument(plan: Plan, eval_cmd: str, sandbox: Commands) -> Instrumented:
     """The eval command with its test invocation run by runner.py, and the files it needs, written into
     a directory the node creates under the sandbox's home (outside the workspace) with a random name."""
     can = Canaries.draw()

@@ -16,7 +16,8 @@ from tests.layout.test_imports import REPO, imported_modules
 PACKAGE = "harness_recipes"
 # lowest first
 FLOORS: list[set[str]] = [
-    {"cache", "docker_engine"},  # where things are cached; the local docker engine
+    {"cache", "docker_engine", "execution"},  # where things are cached; the local docker engine; what grading needs of a sandbox
+    {"verdict"},  # the verdict the code under test cannot write (canaries, structured results)
     {"recipes", "tasks"},  # harness recipes; tasks, SWE-bench instances, their images and grading
     {"runtimes"},  # where an episode runs: it runs what the task resolved
     {"node"},  # one rollout node: scheduler, episodes, proxies, the local capture stack
@@ -66,7 +67,7 @@ def package_edges(root: Path) -> list[tuple[str, str, int, str]]:
         rel = path.relative_to(root)
         module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
         tree = None
-        for line, mod in imported_modules(path, root, typing_only=False):
+        for line, mod in imported_modules(path, root):
             if mod != PACKAGE:
                 out.append((module, str(rel), line, mod))
                 continue
@@ -96,7 +97,8 @@ def test_harness_recipes_floors():
 def test_the_floor_checker_fails_on_a_planted_upward_import(tmp_path):
     """A copy of harness_recipes with bad imports planted: a runtime importing the node, a node module
     importing the demo (inside a function, relatively), task_file importing the cache, and a fleet
-    module importing compat (same floor) are all reported; a TYPE_CHECKING import is not."""
+    module importing compat (same floor) are all reported, and so is an upward import under TYPE_CHECKING
+    (an annotation still ties the lower floor to the higher one: grading code takes execution.Commands)."""
     pkg = tmp_path / PACKAGE
     for rel in ("runtimes", "node", "tasks", "fleet", "demo", "compat"):
         (pkg / rel).mkdir(parents=True)
@@ -109,12 +111,15 @@ def test_the_floor_checker_fails_on_a_planted_upward_import(tmp_path):
     (pkg / "tasks" / "grade.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
                                             "    from harness_recipes.runtimes.base import Sandbox\n")
     (pkg / "fleet" / "bad.py").write_text("import harness_recipes.compat\n")
+    floor = {part: i for i, parts in enumerate(FLOORS) for part in parts}
     assert floor_violations(package_edges(tmp_path)) == [
-        "harness_recipes/fleet/bad.py:1 imports harness_recipes.compat: fleet (floor 4) may import only floors "
-        "below it, not compat (floor 4)",
-        "harness_recipes/node/bad.py:2 imports harness_recipes.demo: node (floor 3) may import only floors "
-        "below it, not demo (floor 5)",
-        "harness_recipes/runtimes/bad.py:1 imports harness_recipes.node.scheduler: runtimes (floor 2) may import "
-        "only floors below it, not node (floor 3)",
+        f"harness_recipes/fleet/bad.py:1 imports harness_recipes.compat: fleet (floor {floor['fleet']}) may import "
+        f"only floors below it, not compat (floor {floor['compat']})",
+        f"harness_recipes/node/bad.py:2 imports harness_recipes.demo: node (floor {floor['node']}) may import only "
+        f"floors below it, not demo (floor {floor['demo']})",
+        f"harness_recipes/runtimes/bad.py:1 imports harness_recipes.node.scheduler: runtimes (floor {floor['runtimes']}) "
+        f"may import only floors below it, not node (floor {floor['node']})",
+        f"harness_recipes/tasks/grade.py:4 imports harness_recipes.runtimes.base: tasks (floor {floor['tasks']}) may "
+        f"import only floors below it, not runtimes (floor {floor['runtimes']})",
         "harness_recipes/tasks/task_file.py:2 imports harness_recipes.cache: harness_recipes.tasks.task_file is a leaf",
     ]

@@ -26,10 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: task code sits below the runtimes (tests/layout/test_imports.py)
-    from harness_recipes.runtimes.base import ExecResult, Sandbox
+from harness_recipes.execution import Commands, ExecResult
 from harness_recipes.verdict.evidence import Verdict
 from harness_recipes.verdict.swebench import instrument_script, judge_swebench
 
@@ -102,7 +100,7 @@ def test_spec(inst: dict, script: str):
     return make_test_spec({**inst, "image": inst.get("image") or "", "eval_script": script})
 
 
-def eval_script_of(inst: dict, sandbox: Sandbox) -> str:
+def eval_script_of(inst: dict, sandbox: Commands) -> str:
     """The eval script for the image the sandbox runs (eval_script.script_for: the official one, in the
     official images' conda env or the venv of an image built here)."""
     from harness_recipes.tasks.swebench.eval_script import script_for
@@ -129,7 +127,7 @@ def _text(res: ExecResult) -> str:
     return (res.stdout + res.stderr).decode(errors="replace")
 
 
-async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: float, outdir: Path,
+async def grade(inst: dict, sandbox: Commands, env: dict[str, str], timeout: float, outdir: Path,
                 model_patch: str) -> Grade:
     """Grade a fresh sandbox (the instance's image, the model patch already applied: node/grading.py)."""
     outdir.mkdir(parents=True, exist_ok=True)
