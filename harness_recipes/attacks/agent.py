@@ -259,7 +259,8 @@ def attack_tree() -> dict:
     return {"done": done}
 
 
-# The hacks of the code under test (issue 31's table): appended to the modules the tests import.
+# The hacks of the code under test (atexit exits, forged results, printed verdict lines),
+# appended to the modules the tests import.
 HACKS = {
     # the interpreter exits 0 whatever the tests said
     "atexit_exit": "import atexit as _polar_a, os as _polar_o\n_polar_a.register(_polar_o._exit, 0)\n",

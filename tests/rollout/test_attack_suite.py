@@ -8,10 +8,9 @@ on the scripted model's order. Every verdict comes from outside the sandbox (sui
 
 The suite can fail: against an open proxy and an unsandboxed runtime it reports the attacks that work.
 
-The hacks of the code under test (issue 31's rows 1-4: atexit os._exit, forged runner results, printed
-PASSED lines, a printed `>>>>> Tests Errored`) are defeated by the structured, canary-checked verdict
-of node/grading.py (issue 31 part 1, branch i31a); until that grading is merged, rows 1-2 get reward
-1.0 on a command task, so their test is marked xfail (not strict: it passes once part 1 is in).
+The hacks of the code under test (atexit os._exit, forged runner results, printed PASSED lines, a
+printed `>>>>> Tests Errored`) are defeated by the structured, canary-checked verdict of
+node/grading.py (harness_recipes/verdict/): each must end with reward 0, kept, not discarded.
 """
 from __future__ import annotations
 
@@ -106,8 +105,6 @@ def test_every_attack_on_the_deployment_is_stopped(attacked):
                                                 "itself)"]["evidence"]
 
 
-@pytest.mark.xfail(reason="rows 1-2 of issue 31 (atexit os._exit, forged TestResult/TestReport) are defeated by part 1's "
-                          "grading (branch i31a), not merged here", strict=False)
 def test_the_code_under_test_cannot_forge_its_verdict(attacked):
     _, verdicts, _, _ = attacked
     failed = {k: v["evidence"] for k, v in verdicts.items() if not v["stopped"] and k in HACKS}
