@@ -64,10 +64,12 @@ class Access:
                           "Refuse (413) a control request (episode end, weight sync) whose body is larger than "
                           "this many bytes.")
         loader.add_option("polar_max_json_elements", int, MAX_JSON_ELEMENTS,
-                          "Refuse (400), before parsing it, a model call whose JSON body could hold more than this "
-                          "many values (its commas and opening brackets, counted without parsing).")
+                          "Refuse (400), before parsing it, a compressed or large (256 KiB or more) model call body "
+                          "that could hold more than this many JSON values (its commas and opening brackets, "
+                          "counted without parsing).")
         loader.add_option("polar_max_json_depth", int, MAX_JSON_DEPTH,
-                          "Refuse (400), before parsing it, a model call whose JSON body nests deeper than this.")
+                          "Refuse (400), before parsing it, a compressed or large (256 KiB or more) model call body "
+                          "that nests JSON deeper than this (smaller bodies: past the parsers' own limit, 400).")
         loader.add_option("polar_max_episode_pending_bytes", int, MAX_PENDING,
                           "Refuse (429) a model call whose body would make its episode's bodies waiting to be "
                           "decompressed and measured (one at a time per episode, off the event loop) exceed this "

@@ -10,7 +10,8 @@ traceback). So a body is refused (400) before any parse when it could hold more 
 ``polar_max_json_elements`` values or nests deeper than ``polar_max_json_depth`` levels.
 
 Both measures run in numpy, a chunk at a time: numpy releases the GIL in its loops, so the proxy
-runs them in a worker thread for a large body (access.py) and the event loop goes on meanwhile.
+runs them in a worker thread (body_work.py) and the event loop goes on meanwhile. Only compressed
+and large bodies are measured: a small one is cheap to parse whatever it holds (body_work.py).
 
 - ``element_bound``: the commas and opening brackets, +1. Every value past a container's first
   is preceded by a comma and every container opens with a bracket, so this is an upper bound on

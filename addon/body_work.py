@@ -6,7 +6,8 @@ a large one's values run in a worker thread (zlib and numpy release the GIL), so
 that serves every episode goes on. Each episode has its own queue of such work: one body at a
 time, and at most ``max_pending`` bytes waiting (beyond that the call is refused, 429), so an
 episode sending bombs in a loop occupies one worker and its own queue, never the others'.
-A small uncompressed body is measured inline: that costs less than handing it to a thread.
+A small uncompressed body (under ``OFFLOAD_BYTES``) is not measured: any parse of it is cheap, and
+the parsers bound its depth themselves (``BodyWork.read``).
 """
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ class BodyWork:
         """read_body, inline for a small uncompressed body, else in a worker thread after the
         episode's earlier bodies; EpisodeBusy past the episode's byte budget."""
         if not raw or (encoding is None and len(raw) < OFFLOAD_BYTES):
-            return read_body(raw, None, limits)
+            # Small and uncompressed: not measured (measuring 80 KB cost ~1.4x orjson's parse of it in
+            # bench/bench_scale.py's profile). It cannot hold more values than it has bytes, and every
+            # parser bounds the depth it reads (simdjson and orjson 1024; the json module's recursion
+            # is answered 400 by the capture), at well under a millisecond for 256 KiB.
+            return None
         before = self._pending.get(episode_id, 0)
         if before and before + len(raw) > self.max_pending:  # (one body alone is bounded by polar_max_body)
             raise EpisodeBusy(f"this episode already has {before} bytes of request bodies waiting to be read; this "

@@ -76,18 +76,32 @@ def test_gzip_bomb_is_400_before_any_parse(proxy, no_parse):
     assert st == 400 and "polar_max_json_elements" in msg and "400006 JSON values" in msg
 
 
-@pytest.mark.parametrize("depth", [129, 1000, 5000, 200_000])
-def test_nested_json_is_400_not_500(proxy, no_parse, depth):
+@pytest.mark.parametrize("depth", [129, 1000, 200_000])
+def test_large_nested_json_is_400_before_any_parse(proxy, no_parse, depth):
+    """A body of OFFLOAD_BYTES or more is measured (in a worker thread) before anything parses it."""
     addons, _ = proxy
-    body = b'{"model":"m","messages":[],"x":' + b"[" * depth + b"]" * depth + b"}"
+    pad = b" " * body_work.OFFLOAD_BYTES
+    body = b'{"model":"m","messages":[],"x":' + b"[" * depth + pad + b"]" * depth + b"}"
     f = request(addons, "POST", path("e-deep"), body, {"content-type": "application/json"})
     st, msg = error_of(f)
     assert st == 400 and "polar_max_json_depth" in msg
 
 
+@pytest.mark.parametrize("depth", [2000, 100_000])
+def test_small_nested_json_is_400_not_500(proxy, depth):
+    """A small body is not measured: past the parsers' depth limit the capture answers 400 (the json
+    module's RecursionError was a 500 with a traceback)."""
+    addons, _ = proxy
+    body = b'{"model":"m","messages":[],"x":' + b"[" * depth + b"]" * depth + b"}"
+    assert len(body) < body_work.OFFLOAD_BYTES
+    f = request(addons, "POST", path("e-deep"), body, {"content-type": "application/json"})
+    st, msg = error_of(f)
+    assert st == 400 and "too deeply" in msg
+
+
 def test_depth_below_the_bound_still_passes_to_the_capture(proxy):
     addons, _ = proxy
-    body = json.dumps({**CHAT, "x": json.loads("[" * 120 + "]" * 120)}).encode()
+    body = json.dumps({**CHAT, "x": json.loads("[" * 120 + "]" * 120), "pad": " " * body_work.OFFLOAD_BYTES}).encode()
     f = request(addons, "POST", path("e-ok"), body, {"content-type": "application/json"})
     assert f.response is None  # forwarded (the capture prepared it)
 
