@@ -22,6 +22,7 @@ from addon.body_work import MAX_PENDING, BodyLimits, BodyWork, EpisodeBusy
 from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
 from addon.proxy_state import DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import credential_values
+from addon.refused import redact_path
 from addon.routing import MODEL, MODELS, RouteError, claimed_episode, route
 from polar_contracts.control import (
     CONTROL_HEADER,
@@ -211,7 +212,9 @@ class Access:
         try:
             heads = {k.lower(): v for k, v in req.headers.items()}
             scrub = self.state.credentials.scrubber(credential_values(req.headers.fields, req.path))
-            log.warning("polar: refused %s %s (%d): %s", req.method, scrub(req.path[:200]), status, scrub(reason))
+            # (the capability's mac cut from the path, as in refused.jsonl: the proxy's own log is a log too)
+            log.warning("polar: refused %s %s (%d): %s", req.method, scrub(redact_path(req.path)[:200]), status,
+                        scrub(reason))
             self.state.refused.record(ctx.options.polar_logdir, method=req.method, path=req.path, status=status,
                                       reason=reason, episode=claimed_episode(req.path, heads), scrub=scrub)
         except Exception:  # noqa: BLE001 - the refusal stands whether or not it could be logged

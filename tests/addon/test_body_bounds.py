@@ -65,7 +65,7 @@ def error_of(f) -> tuple[int, str]:
     return f.response.status_code, json.loads(f.response.content)["error"]["message"]
 
 
-def test_gzip_bomb_is_400_before_any_parse(proxy, no_parse):
+def test_gzip_bomb_is_400_before_any_parse(proxy, no_parse, caplog):
     addons, tctx = proxy
     tctx.options.update(polar_max_json_elements=100_000)
     # (mitmproxy compresses the body it is given as the content-encoding says)
@@ -74,6 +74,8 @@ def test_gzip_bomb_is_400_before_any_parse(proxy, no_parse):
     assert len(f.request.raw_content) < 5000
     st, msg = error_of(f)
     assert st == 400 and "polar_max_json_elements" in msg and "400006 JSON values" in msg
+    mac = capability(SECRET, "e-bomb").split("~")[1]
+    assert "refused POST /polar/e-bomb~[redacted]/" in caplog.text and mac not in caplog.text  # (the proxy's log)
 
 
 @pytest.mark.parametrize("depth", [129, 1000, 200_000])
