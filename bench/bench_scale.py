@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile  # noqa: F401 - (run as `python -m cProfile` around mitmdump below)
 import io
 import json
 import multiprocessing
@@ -53,7 +52,7 @@ import aiohttp
 import psutil
 
 from bench.adversary import adversary_process, bomb_body
-from bench.bench_proxy import STOCK_MITMPROXY, Sampler, body_bytes, fake_backend, pct, proxy  # noqa: F401
+from bench.bench_proxy import Sampler, body_bytes, fake_backend, pct, proxy
 from harness_recipes.node.local_stack import addon_script, venv_bin
 from harness_recipes.node.processes import free_port, running
 from harness_recipes.node.proxies import proxy_pool
