@@ -17,9 +17,12 @@ import logging
 
 from mitmproxy import ctx, exceptions, http
 
+from addon.body_shape import MAX_JSON_DEPTH, MAX_JSON_ELEMENTS, ShapeRefused
+from addon.body_work import MAX_PENDING, BodyLimits, BodyWork, EpisodeBusy
 from addon.bounded_decode import BodyTooLarge, EncodingRefused, bounded_decode
 from addon.proxy_state import DECODED_BODY, ROUTE, ProxyState, error_response
 from addon.redact import credential_values
+from addon.refused import redact_path
 from addon.routing import MODEL, MODELS, RouteError, claimed_episode, route
 from polar_contracts.control import (
     CONTROL_HEADER,
@@ -41,6 +44,7 @@ class Access:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
         self._warned_open = False
+        self.body_work = BodyWork()  # each episode's queue of body decoding and measuring (body_work.py)
 
     def load(self, loader) -> None:
         loader.add_option("polar_control_secret_file", str, "",
@@ -60,12 +64,26 @@ class Access:
         loader.add_option("polar_max_control_body", int, MAX_CONTROL_BODY,
                           "Refuse (413) a control request (episode end, weight sync) whose body is larger than "
                           "this many bytes.")
+        loader.add_option("polar_max_json_elements", int, MAX_JSON_ELEMENTS,
+                          "Refuse (400), before parsing it, a compressed or large (256 KiB or more) model call body "
+                          "that could hold more than this many JSON values (its commas and opening brackets, "
+                          "counted without parsing).")
+        loader.add_option("polar_max_json_depth", int, MAX_JSON_DEPTH,
+                          "Refuse (400), before parsing it, a compressed or large (256 KiB or more) model call body "
+                          "that nests JSON deeper than this (smaller bodies: past the parsers' own limit, 400).")
+        loader.add_option("polar_max_episode_pending_bytes", int, MAX_PENDING,
+                          "Refuse (429) a model call whose body would make its episode's bodies waiting to be "
+                          "decompressed and measured (one at a time per episode, off the event loop) exceed this "
+                          "many bytes.")
 
     def configure(self, updated) -> None:
         o = ctx.options
         if "polar_allowed_hosts" in updated:
             allowed_hosts(o.polar_allowed_hosts)  # (raises OptionsError naming a bad entry)
-        for name in ("polar_max_body", "polar_max_control_body"):
+        if "polar_max_episode_pending_bytes" in updated:
+            self.body_work.max_pending = o.polar_max_episode_pending_bytes
+        for name in ("polar_max_body", "polar_max_control_body", "polar_max_json_elements", "polar_max_json_depth",
+                     "polar_max_episode_pending_bytes"):
             if name in updated and getattr(o, name) < 1:
                 raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
         if updated & {"polar_control_secret", "polar_control_secret_file"}:
@@ -101,7 +119,7 @@ class Access:
         if why is not None:
             self.refuse(flow, 403, why)
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
         req = flow.request
@@ -110,6 +128,9 @@ class Access:
             if why is not None:
                 raise RouteError(why, 403)
             self._check(flow)
+            r = flow.metadata[ROUTE]
+            if r.kind in (MODEL, MODELS):
+                await self._model_body(flow, r.episode_id)
         except RouteError as exc:
             self.refuse(flow, exc.status, str(exc))
         except Exception as exc:  # noqa: BLE001 - fail closed: a bug here refuses, never forwards
@@ -126,7 +147,7 @@ class Access:
             if size > ctx.options.polar_max_body:
                 raise RouteError(f"request body is {size} bytes; this proxy accepts at most {ctx.options.polar_max_body} "
                                  f"(option polar_max_body)", 413)
-            self._decoded(flow, ctx.options.polar_max_body, "polar_max_body")
+            # (the body is decompressed and measured next, maybe off the event loop: _model_body)
             # neither the capability nor any control secret goes upstream (the server may log headers)
             req.headers.pop(EPISODE_HEADER, None)
             req.headers.pop(CONTROL_HEADER, None)
@@ -137,6 +158,30 @@ class Access:
             self._decoded(flow, ctx.options.polar_max_control_body, "polar_max_control_body")
         flow.metadata[ROUTE] = r
         flow.metadata[ROUTE + "_heads"] = heads
+
+    async def _model_body(self, flow: http.HTTPFlow, episode_id: str | None) -> None:
+        """A model call's body decompressed within polar_max_body and measured before anything
+        parses it (body_work.py); the decoded body is kept for the capture (no second inflate)."""
+        req = flow.request
+        raw = req.raw_content or b""
+        enc = req.headers.get("content-encoding", "").strip()
+        encoding = enc if enc and enc.lower() != "identity" else None
+        o = ctx.options
+        limits = BodyLimits(o.polar_max_body, o.polar_max_json_elements, o.polar_max_json_depth)
+        try:
+            decoded = await self.body_work.read(episode_id, raw, encoding, limits)
+        except BodyTooLarge:
+            raise RouteError(f"request body ({len(raw)} bytes, content-encoding {enc}) decompresses to more than "
+                             f"{o.polar_max_body} bytes, the most this proxy accepts (option polar_max_body)",
+                             413) from None
+        except EncodingRefused as exc:
+            raise RouteError(str(exc), 415) from None
+        except ShapeRefused as exc:
+            raise RouteError(str(exc), 400) from None
+        except EpisodeBusy as exc:
+            raise RouteError(str(exc), 429) from None
+        if decoded is not None:
+            flow.metadata[DECODED_BODY] = decoded
 
     @staticmethod
     def _decoded(flow: http.HTTPFlow, limit: int, option: str) -> None:
@@ -167,7 +212,9 @@ class Access:
         try:
             heads = {k.lower(): v for k, v in req.headers.items()}
             scrub = self.state.credentials.scrubber(credential_values(req.headers.fields, req.path))
-            log.warning("polar: refused %s %s (%d): %s", req.method, scrub(req.path[:200]), status, scrub(reason))
+            # (the capability's mac cut from the path, as in refused.jsonl: the proxy's own log is a log too)
+            log.warning("polar: refused %s %s (%d): %s", req.method, scrub(redact_path(req.path)[:200]), status,
+                        scrub(reason))
             self.state.refused.record(ctx.options.polar_logdir, method=req.method, path=req.path, status=status,
                                       reason=reason, episode=claimed_episode(req.path, heads), scrub=scrub)
         except Exception:  # noqa: BLE001 - the refusal stands whether or not it could be logged

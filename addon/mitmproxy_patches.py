@@ -11,7 +11,10 @@ silent skip, never a crash. Options turn the first three off (the benchmark's "s
   sockets (its own is 100);
 - gc freeze (``polar_gc_freeze``): ``gc.collect(); gc.freeze()`` once the proxy runs;
 - quiet shutdown (always on): a filter on the ``asyncio`` logger for CPython 3.11's one spurious
-  CancelledError report per connection cut at exit.
+  CancelledError report per connection cut at exit;
+- lazy upstream connections (``polar_lazy_connect``): mitmproxy's own ``connection_strategy``
+  option set to ``lazy`` (public API, no internals), so the proxy reads a request before it
+  connects upstream and its own endpoints answer while the server is down or restarting.
 
 What each touches, why, and how it is tested: docs/capture.md, "Changes to mitmproxy itself".
 Measured in bench/bench_proxy.py (docs/benchmarks/proxy.md).
@@ -265,8 +268,21 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def lazy_connect(options) -> bool:
+    """mitmproxy's ``connection_strategy`` set to ``lazy``: True when it changed. With ``eager``
+    (mitmproxy's default) a reverse proxy connects upstream as soon as a client connects and, when
+    that fails, closes the client's connection before reading any request: the proxy's own control
+    endpoints (``/polar/@control``, ``/polar/<id>/end``), which are never forwarded, got an empty
+    reply whenever the inference server was down or restarting."""
+    if options.connection_strategy == "lazy":
+        return False
+    options.update(connection_strategy="lazy")
+    return True
+
+
 class Tuning:
-    """Options ``polar_listen_backlog`` and ``polar_gc_freeze``, applied once the proxy runs."""
+    """Options ``polar_listen_backlog``, ``polar_gc_freeze`` (applied once the proxy runs) and
+    ``polar_lazy_connect`` (applied at once)."""
 
     def load(self, loader) -> None:
         quiet_shutdown()
@@ -277,8 +293,18 @@ class Tuning:
         loader.add_option("polar_gc_freeze", bool, True,
                           "gc.freeze() once the proxy runs: the cyclic collector stops re-walking the "
                           "~100k objects of mitmproxy's start-up on every full collection.")
+        loader.add_option("polar_lazy_connect", bool, True,
+                          "Set mitmproxy's connection_strategy to lazy: connect upstream only when a request is "
+                          "forwarded, so the proxy's own endpoints (/polar/@control, /polar/<id>/end) answer while "
+                          "the inference server is down, slow or restarting (with eager, mitmproxy's default, a "
+                          "client of a reverse proxy whose server is down gets its connection closed before any "
+                          "request is read). false: connection_strategy is left as set.")
 
     def configure(self, updated) -> None:
+        # (also when connection_strategy itself changes: this option decides while it is true)
+        if updated & {"polar_lazy_connect", "connection_strategy"} and ctx.options.polar_lazy_connect:
+            if lazy_connect(ctx.options):
+                log.info("polar: connection_strategy=lazy (polar_lazy_connect)")
         if "polar_listen_backlog" in updated and ctx.options.polar_listen_backlog < 0:
             raise exceptions.OptionsError(
                 f"polar_listen_backlog must be >= 0, not {ctx.options.polar_listen_backlog}")

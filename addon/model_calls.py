@@ -36,6 +36,7 @@ from polar_contracts.translate import TranslationError, translator_for
 
 log = logging.getLogger("polar")
 META = CALL
+MAX_EPISODE_CALLS = 64  # default of polar_max_episode_calls: harnesses run a few calls at once (subagents)
 
 
 def _api_error(c: calls.CallState, status: int, message: str) -> http.Response:
@@ -129,6 +130,9 @@ class ModelCalls:
         loader.add_option("polar_max_episodes", int, MAX_EPISODES,
                           "At most this many episodes are open (started, not ended) on this proxy: a call or end "
                           "for a new episode beyond it is answered 503 and makes no log file.")
+        loader.add_option("polar_max_episode_calls", int, MAX_EPISODE_CALLS,
+                          "Refuse (429) a model call of an episode that already has this many calls in flight "
+                          "(one episode cannot take the proxy's capacity from the others).")
         loader.add_option("polar_max_choices", int, calls.MAX_CHOICES,
                           "Refuse (400) a call asking for more than this many choices (n): each is a log row.")
         loader.add_option("polar_generation_config", str, "",
@@ -164,7 +168,7 @@ class ModelCalls:
                 check_episode_id(o.polar_episode, "option polar_episode")
             except RouteError as exc:
                 raise exceptions.OptionsError(str(exc)) from None
-        for name in ("polar_max_open_logs", "polar_max_choices", "polar_max_episodes"):
+        for name in ("polar_max_open_logs", "polar_max_choices", "polar_max_episodes", "polar_max_episode_calls"):
             if name in updated and getattr(o, name) < 1:
                 raise exceptions.OptionsError(f"{name} must be >= 1, not {getattr(o, name)}")
         if "polar_max_open_logs" in updated and self.episodes is not None:
@@ -217,6 +221,12 @@ class ModelCalls:
             api = translator.api
         heads = few_headers(req.headers)
         t_start = time.time()
+        busy = self.episodes.inflight(r.episode_id)
+        if busy >= ctx.options.polar_max_episode_calls:
+            flow.response = error_response(429, f"episode {r.episode_id!r} already has {busy} calls in flight; this "
+                                                f"proxy serves at most {ctx.options.polar_max_episode_calls} at once "
+                                                f"per episode (option polar_max_episode_calls)")
+            return
         try:
             _, call_index = self.episodes.begin_call(r.episode_id)  # counted in flight until _write
         except EpisodeFinished as exc:
@@ -278,6 +288,12 @@ class ModelCalls:
             c.status = 400
             body, ctype = c.translator.error_body(400, str(exc))  # the API's own error shape
             flow.response = http.Response.make(400, body, {"content-type": ctype})
+            return False
+        except RecursionError:  # (body_shape.py bounds the depth first; kept so that it is never a 500)
+            exc = calls.RequestRefused("request body nests JSON too deeply to be read")
+            c.errors.append(f"request refused by the proxy: {exc}")
+            c.status = 400
+            flow.response = _api_error(c, 400, str(exc))
             return False
         except calls.RequestRefused as exc:
             c.errors.append(f"request refused by the proxy: {exc}")

@@ -256,3 +256,27 @@ def test_a_planted_symlink_log_is_refused_and_its_target_not_created(rec_stack, 
     r = ok_call(px, capability(secret, e))
     assert r.status_code == 503 and "symbolic link" in r.text
     assert not target.exists()
+
+
+@pytest.mark.parametrize("sets", [{}, {"connection_strategy": "eager"}], ids=["default", "eager-asked"])
+def test_control_plane_answers_with_the_upstream_down(tmp_path, sets):
+    """The inference server is down (a closed port): the proxy's own endpoints still answer, since
+    polar_lazy_connect reads a request before connecting upstream (mitmproxy's eager default
+    closed the connection first: an empty reply). A model call gets mitmproxy's 502 and its row."""
+    from harness_recipes.node.processes import free_port
+
+    secret, sfile = secret_file(tmp_path)
+    with mitmdump(tmp_path, tmp_path / "logs", upstream=f"http://127.0.0.1:{free_port()}",
+                  sets={"polar_dialect": "vllm", "polar_control_secret_file": sfile,
+                        "polar_logprobs_mode": "unknown", **sets}) as px:
+        ctl = {CONTROL_HEADER: secret}
+        r = httpx.get(px.url + "/polar/@control", headers=ctl, timeout=10)
+        assert r.status_code == 200 and r.json() == {"control": "secured"}
+        e = eid()
+        cap = capability(secret, e)
+        r = httpx.post(px.url + f"/polar/{cap}/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
+        assert r.status_code == 502
+        r = httpx.post(px.url + f"/polar/{e}/end", json={"reward": 1.0}, headers=ctl, timeout=10)
+        assert r.status_code == 200 and r.json()["ended"] is True and r.json()["calls"] == 1
+        rows = read_log(tmp_path / "logs" / f"{e}.arrow")
+        assert "connection failed before a response" in rows.row(0, named=True)["error"]
