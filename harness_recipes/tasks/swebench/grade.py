@@ -127,7 +127,9 @@ async def grade(inst: dict, sandbox: Sandbox, env: dict[str, str], timeout: floa
     await sandbox.write_file(f"{home}/eval.sh", script)
     res = await sandbox.exec(["bash", "-c", f"bash {home}/eval.sh 2>&1"], env, timeout=timeout, cwd=wd)
     log_path = outdir / "test_output.txt"
-    log_path.write_bytes(res.stdout + res.stderr)
+    # as swebench's harness keeps it (exec_run_with_timeout: decode(errors="replace")): its parsers read
+    # the log as UTF-8, and a test run may print any bytes (a binary file in `git show`, a test's data)
+    log_path.write_text((res.stdout + res.stderr).decode(errors="replace"), encoding="utf-8")
     if res.timed_out:
         return Grade(0.0, f"tests timed out after {timeout:g}s (eval_timeout)", log=res)
     report = grade_log(inst, model_patch, log_path, script)
