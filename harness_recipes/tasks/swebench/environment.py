@@ -67,11 +67,12 @@ class Environment:
     conda_decision: str = ""  # how the conda package list was mapped, in words ("" without one)
     resolved_before: str = ""  # the date cap of the resolution ("" when the interpreter's pip has none)
     install_target: str = "."  # what the spec's install installs from /testbed (its extras), resolved too
+    installs: bool = False  # setup ends with the spec's install command (the steps before it are pre-install)
 
     def key(self) -> str:
         text = "\n".join([self.python, self.requirements, *self.pip_packages, "--", *self.setup, "--",
                           *self.build_requires, "--", self.suite, self.executable, self.user_python, *self.conda,
-                          self.resolved_before, self.install_target])
+                          self.resolved_before, self.install_target])  # (installs follows from setup)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def describe(self) -> str:
@@ -239,4 +240,4 @@ def environment(inst: dict, repo: Path | None, repos: Path | None) -> Environmen
                        build_requires=build_requires(repo, inst["base_commit"]), suite=interp.suite,
                        executable=interp.executable, user_python=str(interp.source or ""), conda=conda,
                        conda_decision=conda_decision, resolved_before=RESOLVED_BEFORE if capped else "",
-                       install_target=install_target(spec.get("install", "")))
+                       install_target=install_target(spec.get("install", "")), installs=bool(spec.get("install")))

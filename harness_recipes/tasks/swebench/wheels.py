@@ -139,7 +139,7 @@ def download_wheels(env, root: Path, testbed: Path, base_commit: str) -> Path:
         (work / "tools.txt").write_text("\n".join(["pip", "setuptools", "wheel", *env.build_requires]) + "\n")
         groups.append(f"{wheel} -r {inside}/tools.txt")
         # the spec's pre_install edits (sed of setup.py pins, ...) change what the install resolves to
-        pre = [c for c in env.setup if "pip install" not in c and "setup.py" not in c]
+        pre = env.setup[:-1] if env.installs else list(env.setup)
         target = env.install_target.replace(".", f"{inside}/testbed", 1)
         if tuple(int(x) for x in env.python.split(".")) >= DRY_RUN_PYTHON:
             resolve_target = (f"{venv}/bin/python -m pip install -q --dry-run --ignore-installed {cap} "
