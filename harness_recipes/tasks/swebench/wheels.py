@@ -113,6 +113,9 @@ def download_wheels(env, root: Path, testbed: Path, base_commit: str) -> Path:
     inside = "/" + str(work.relative_to(root))
     try:
         (work / "wheels").mkdir()
+        # the root resolves names as the host does now (only this step reaches the network)
+        if Path("/etc/resolv.conf").is_file():
+            shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")
         pip_whl = _pip_wheel(env.python, work)
         ca = _host_ca()
         extra = {}
