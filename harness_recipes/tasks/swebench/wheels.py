@@ -115,7 +115,10 @@ def download_wheels(env, root: Path, testbed: Path, base_commit: str) -> Path:
         (work / "wheels").mkdir()
         # the root resolves names as the host does now (only this step reaches the network)
         if Path("/etc/resolv.conf").is_file():
-            shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")
+            conf = root / "etc" / "resolv.conf"
+            if conf.is_symlink():  # never write through a link of the root's into the host's files
+                conf.unlink()
+            shutil.copy("/etc/resolv.conf", conf)
         pip_whl = _pip_wheel(env.python, work)
         ca = _host_ca()
         extra = {}
