@@ -1,7 +1,7 @@
 """SWE-bench Verified rows of repositories other than flask, as published, in images built here.
 
 The rows are those of data/swebench-verified/SWE-bench_Verified-test.parquet, unchanged; their
-repositories are data/swebench-verified/repos/owner__name (bare, base_commit at depth 2: PROVENANCE.md).
+repositories are bare ones in data/swebench-verified/repos (base_commit at depth 2: its PROVENANCE.md).
 CI runs CI_ROW end to end on docker (Python 3.9 from Debian bullseye, its conda package list from
 PyPI, its own log parser): the gold patch resolves it, no change does not. The other rows of the
 parity table run in bench/bench_swebench_parity.py (minutes each).
