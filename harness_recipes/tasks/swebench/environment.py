@@ -68,6 +68,10 @@ class Environment:
     resolved_before: str = ""  # the date cap of the resolution ("" when the interpreter's pip has none)
     install_target: str = "."  # what the spec's install installs from /testbed (its extras), resolved too
     installs: bool = False  # setup ends with the spec's install command (the steps before it are pre-install)
+    # The test command runs `tox --current-env`, which calls the env's python through a symlink of its
+    # own: a conda env's python finds its packages from any path, a venv's only from its bin/, so the
+    # image's base interpreter is made to see the venv's packages too (images.dockerfile)
+    current_env: bool = False
 
     def key(self) -> str:
         text = "\n".join([self.python, self.requirements, *self.pip_packages, "--", *self.setup, "--",
@@ -240,4 +244,5 @@ def environment(inst: dict, repo: Path | None, repos: Path | None) -> Environmen
                        build_requires=build_requires(repo, inst["base_commit"]), suite=interp.suite,
                        executable=interp.executable, user_python=str(interp.source or ""), conda=conda,
                        conda_decision=conda_decision, resolved_before=RESOLVED_BEFORE if capped else "",
-                       install_target=install_target(spec.get("install", "")), installs=bool(spec.get("install")))
+                       install_target=install_target(spec.get("install", "")), installs=bool(spec.get("install")),
+                       current_env="--current-env" in str(spec.get("test_cmd", "")))

@@ -193,6 +193,13 @@ def dockerfile(base: str, env=None) -> str:
             f"RUN {env.executable} -m venv --without-pip {VENV} && {VENV}/bin/python /opt/polar/wheels/$(cd "
             "/opt/polar/wheels && ls pip-*.whl | head -1)/pip install -q pip",
         ]
+        if env.current_env:
+            # tox --current-env links .tox/*/bin/python to the venv's python, which then starts as the
+            # base interpreter: a .pth of the base's adds the venv's packages (as a conda env's python has)
+            site = f"{VENV}/lib/python{env.python}/site-packages"
+            lines.append(f"RUN {env.executable} -c \"import os, site; d = site.getsitepackages()[0]; "
+                         f"os.makedirs(d, exist_ok=True); open(os.path.join(d, 'polar-testbed-env.pth'), 'w')"
+                         f".write('import site; site.addsitedir(%r)' % '{site}' + chr(10))\"")
         if env.conda:
             # the spec's conda package list, from PyPI (conda_packages.py), first as conda create has it
             lines.append(f"RUN {act} && python -m pip install -q {' '.join(shlex.quote(p) for p in env.conda)}")
