@@ -11,19 +11,24 @@ Order, per instance (`instance_image`; `find_official` alone for the planner):
    the conda env /opt/miniconda3/envs/testbed activated by the eval script (eval_script.py);
 3. else Polar builds ``polar-sweb.eval.<instance_id>:<key>`` (key: a hash of everything it is made of):
    - the base: a real Debian root made by `debootstrap --variant=minbase` from the Debian archive
-     (BASE_PACKAGES), `docker import`ed as ``polar-swebench-base:<key>``. Its tarball is kept in
-     $POLAR_CACHE/swebench/ so a machine (CI) runs debootstrap once;
+     (SUITE_PACKAGES), `docker import`ed as ``polar-swebench-base:<key>`` (bookworm) or
+     ``polar-swebench-<suite>:<key>``. The suite is the one whose python3 is the spec's Python
+     (pythons.py: bullseye 3.9, bookworm 3.11; a user's interpreter goes onto bookworm). Its tarball
+     is kept in $POLAR_CACHE/swebench/ so a machine (CI) runs debootstrap once per suite, and unpacked
+     once there (debian_root) for pip to resolve in;
    - an official row (no eval_script of its own): its test environment from the spec
-     (environment.py): a venv of the base's Python at eval_script.VENV, the requirements and
-     pip_packages installed from wheels that the host downloaded from PyPI (`pip download`, kept in
-     $POLAR_CACHE/swebench/wheels/), the spec's install command run in /testbed. The build itself
-     runs with ``--network none``: pip reads only the wheels in the image (PIP_NO_INDEX), which stay
-     there so the eval script's re-install works offline too;
-   - Polar's bundled instances (and rows with their own test_cmd): the base as is (python3,
+     (environment.py): a venv of that Python at eval_script.VENV, the conda list's PyPI equivalent,
+     the requirements and pip_packages installed from wheels that pip resolved inside the Debian
+     root, capped by date (wheels.py, kept in $POLAR_CACHE/swebench/wheels/), the spec's
+     pre_install and install run in /testbed. The build itself runs with ``--network none``: pip
+     reads only the wheels in the image (PIP_NO_INDEX), which stay there so the eval script's
+     re-install works offline too;
+   - Polar's bundled instances (and rows with their own test_cmd): the bookworm base as is (python3,
      pytest from Debian), their eval_script;
    - either way /testbed is the repository at base_commit, its .git holding base_commit and its
-     ancestors only (base_only_repo): a fresh repository that fetched base_commit alone, so no
-     later commit (the gold fix) is in the image on any ref, reflog or as a stray object.
+     ancestors only (base_only_repo): a fresh repository that fetched base_commit alone (and the
+     release tags among its ancestors), so no later commit (the gold fix) is in the image on any
+     ref, reflog or as a stray object.
 
 Builds of one image run once per process (a lock per tag), whichever episode asks first: the
 scheduler's prewarm phase asks while earlier episodes run, so the next image builds in parallel.
