@@ -80,6 +80,26 @@ def budget_option(f):
                              "is graded 0 with the reason")(f)
 
 
+def _user_pythons(ctx, _param, values):
+    """--python X.Y=DIR (repeatable), checked now: kept in the command's context for the task loader."""
+    from harness_recipes.tasks.swebench.pythons import PythonError, parse_pythons
+    try:
+        ctx.meta["polar_pythons"] = parse_pythons(values)
+    except PythonError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+PYTHON_OPTION = click.option(
+    "--python", "pythons", multiple=True, metavar="X.Y=DIR", expose_value=False, callback=_user_pythons,
+    help="with swebench tasks: a relocatable CPython X.Y build (DIR/bin/pythonX.Y) for the specs whose Python "
+         "no Debian suite here ships (3.9 and 3.11 come from Debian); repeatable")
+
+
+def _pythons() -> dict[str, str] | None:
+    ctx = click.get_current_context(silent=True)
+    return (ctx.meta.get("polar_pythons") or None) if ctx is not None else None
+
+
 def task_options(f):
     """The task options `run` and `fleet` share (the same task files on one machine or a fleet)."""
     for opt in reversed([
@@ -91,6 +111,7 @@ def task_options(f):
         click.option("--instances", default=None, metavar="ID,ID", help="with --tasks swebench:FILE: only these ids"),
         click.option("--limit", default=None, type=click.IntRange(1),
                      help="with --tasks swebench:FILE: the first N instances"),
+        PYTHON_OPTION,
         click.option("--samples", default=1, show_default=True, type=click.IntRange(1),
                      help="episodes per task (GRPO group)")]):
         f = opt(f)
@@ -345,13 +366,14 @@ def swebench() -> None:
 @click.option("--instances", default=None, metavar="ID,ID", help="only these ids")
 @click.option("--limit", default=None, type=click.IntRange(1), help="the first N instances")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of the Markdown table")
+@PYTHON_OPTION
 def swebench_plan(file, repos, instances, limit, as_json) -> None:
     """Per instance: official image / buildable here / refused (with the reason), and the totals.
     Reads the rows, the local repositories and the local docker's images: nothing from the network."""
     from harness_recipes.tasks.swebench import plan as planner
     ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
     try:
-        tasks = load_instances(file, repos=repos, instances=ids, limit=limit)
+        tasks = load_instances(file, repos=repos, instances=ids, limit=limit, pythons=_pythons())
     except TaskError as e:
         raise click.UsageError(str(e)) from None
     client = planner.docker_client()
@@ -401,7 +423,7 @@ def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
         raise TaskError("give exactly one of --tasks or --swebench")
     if tasks_path and is_swebench_spec(tasks_path):
         ids = [i.strip() for i in instances.split(",") if i.strip()] if instances else None
-        return _runnable(load_instances(tasks_path, repos=repos, instances=ids, limit=limit))
+        return _runnable(load_instances(tasks_path, repos=repos, instances=ids, limit=limit, pythons=_pythons()))
     if instances or limit:
         raise TaskError("--instances / --limit select SWE-bench instances: use them with --tasks swebench:FILE")
     if swebench:

@@ -303,16 +303,19 @@ def test_the_row_loads_the_same_from_parquet_and_a_saved_dataset(tmp_path):
 
 
 def test_a_spec_that_needs_what_debian_lacks_is_refused_up_front():
-    """Real Verified rows: a Python 3.9 spec is refused with the reason, before any image work."""
+    """Real Verified rows: a Python 3.6 spec is refused with the reason, before any image work; a 3.9
+    one (Debian bullseye) only for want of its repository."""
     from harness_recipes.tasks.swebench.plan import decide
     tasks = {t.swebench["instance_id"]: t for t in load_instances(
         f"swebench:{DATA / 'SWE-bench_Verified-test.parquet'}", repos=REPOS,
-        instances=["django__django-16255", IID])}
+        instances=["django__django-11099", "django__django-16255", IID])}
+    d = decide(tasks["django__django-11099"].swebench, None, REPOS, client=None)
+    assert (d.path, d.python) == ("refused", "3.6")
+    assert d.reason.startswith("needs Python 3.6; the Debian bases ship Python 3.9 (bullseye), 3.11 (bookworm)"), d
     d = decide(tasks["django__django-16255"].swebench, None, REPOS, client=None)
-    assert (d.path, d.python) == ("refused", "3.9")
-    assert d.reason.startswith("needs Python 3.9; the Debian base (bookworm) ships Python 3.11 only"), d
+    assert (d.path, d.python) == ("refused", "3.9") and d.reason.startswith("no local repository holding"), d
     f = decide(tasks[IID].swebench, tasks[IID].git_repo, REPOS, client=None)
-    assert f.path == "build" and "Python 3.11" in f.reason, f
+    assert f.path == "build" and f.reason.startswith("Debian bookworm Python 3.11"), f
 
 
 # ---- the whole Verified set as SWE-bench publishes it today (swebench 5 format) ----------------------
@@ -355,10 +358,12 @@ def test_the_plan_over_the_published_verified_set(tmp_path):
     assert by_id[IID]["path"] in ("build", "official")
     for d in out["instances"]:
         assert d["path"] in ("official", "build", "refused") and d["reason"], d
-        if d["path"] == "refused" and d["python"] not in ("3.11", ""):
-            assert d["reason"].startswith(f"needs Python {d['python']}; the Debian base"), d
-    dj = by_id["django__django-11099"]  # django 3.0: Python 3.6, not in Debian bookworm
+        if d["path"] == "refused" and d["python"] not in ("3.9", "3.11", ""):
+            assert d["reason"].startswith(f"needs Python {d['python']}; the Debian bases ship"), d
+    dj = by_id["django__django-11099"]  # django 3.0: Python 3.6, in no Debian suite here
     assert dj["path"] == "official" or dj["reason"].startswith("needs Python 3.6"), dj
+    dj = by_id["django__django-16255"]  # django 4.2: Python 3.9 (bullseye), but no repository here
+    assert dj["path"] == "official" or dj["reason"].startswith("no local repository holding base_commit"), dj
     # docs/swebench.md keeps only a per-repo summary of this plan (the table itself is printed on
     # demand): it must be what the command says; build / refused only hold with no official image
     doc = plan_summary_in_docs()
@@ -425,7 +430,7 @@ def test_run_leaves_refused_instances_out_up_front_saying_why(capsys):
     err = capsys.readouterr().err
     assert [t.swebench["instance_id"] for t in kept] == [IID] or "django__django-16255" not in err
     if len(kept) == 1:  # (an engine holding django's official image would keep both)
-        assert "refused django__django-16255: needs Python 3.9" in err
+        assert "refused django__django-16255: no local repository holding base_commit" in err
         with pytest.raises(TaskError, match="every instance was refused"):
             _runnable([t for t in tasks if t.swebench["instance_id"] != IID])
 

@@ -3,13 +3,16 @@
 The official harness builds a conda env from the spec (specs.py): `conda create python=X`, then the
 spec's packages (a requirements file of the repository at environment_setup_commit, an
 environment.yml, or a conda package list), pip_packages, then pre_install and install in the
-repository. Polar builds the same from Debian packages and PyPI only (images.py): the Debian base's
-Python, a venv, the requirements and pip_packages as wheels downloaded from PyPI on the host, the
-install command run in the repository at base_commit with no network. Whatever that cannot give is
-refused up front with the reason (`Refused`), never run into an eval_error:
+repository. Polar builds the same from the Debian archive and PyPI only (images.py, wheels.py): a
+Debian suite's Python (pythons.py: bullseye's 3.9, bookworm's 3.11) or a relocatable CPython the
+user gives (`--python X.Y=DIR`), a venv, the packages as wheels that pip resolved inside that
+Debian root as of RESOLVED_BEFORE, the install command run in the repository at base_commit with
+no network. Whatever that cannot give is refused up front with the reason (`Refused`), never run
+into an eval_error:
 
-- a Python version other than the one the Debian base ships (PYTHONS);
-- an environment.yml or a conda package list (conda-only);
+- a Python version that neither Debian nor the user gives (pythons.missing);
+- an environment.yml, or a conda package list with no faithful PyPI equivalent (conda_packages.py:
+  a list that has one, e.g. `pytest` or `mpmath flake8`, is installed from PyPI and the plan says so);
 - pre_install commands that need the network (apt-get);
 - a requirements file at environment_setup_commit that is not on this machine;
 - no repository at base_commit on this machine;
@@ -19,21 +22,30 @@ The requirements file is read as swebench reads it (get_requirements in 4.1.0: t
 repo's MAP_REPO_TO_REQS_PATHS that exists at environment_setup_commit, `-r` includes inlined first,
 `-e .`, comments and `.[test` lines dropped, REPLACE_REQ_PACKAGES applied), from a local clone that
 holds that commit, else from ``REPOS/requirements/<owner__name>/<commit>.txt`` (the resolved text,
-for a clone that lacks the commit: how CI carries flask's).
+for a clone that lacks the commit: how CI carries flask's and pylint's).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness_recipes.tasks.swebench.conda_packages import CondaRefusal, pypi_equivalent
+from harness_recipes.tasks.swebench.pythons import DEBIAN, interpreter, missing
 from harness_recipes.tasks.swebench.specs import SpecError, language, spec_for, tables
 
-# Debian suite -> the Python its python3 is. The base image is bookworm (images.py).
-PYTHONS = {"3.11": "bookworm"}
+# Python version -> the Debian suite whose python3 it is (that suite is the image's base).
+PYTHONS = DEBIAN
+# Package resolution is capped by date, so a rebuild resolves the same versions (pip's
+# --uploaded-prior-to, pip >= 26.0, hence Python >= 3.9; older user interpreters resolve uncapped and
+# the plan says so). The official images resolved as of their own build dates, which are not
+# published per image; 2025-01-01 is after every Verified row's environment_setup_commit.
+RESOLVED_BEFORE = "2025-01-01T00:00:00Z"
+CAPPED_FROM = (3, 9)
 NETWORK_WORDS = ("apt-get", "apt ", "wget ", "curl ", "conda ", "git clone")
 
 
@@ -48,11 +60,34 @@ class Environment:
     pip_packages: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)  # MAP_REPO_TO_INSTALL, pre_install, install: in /testbed
     build_requires: list[str] = field(default_factory=list)  # the repository's build backend (offline install)
+    suite: str = "bookworm"  # the Debian base
+    executable: str = "python3"  # the interpreter in the image that makes the venv
+    user_python: str = ""  # a user's CPython build (copied into the image), "" for Debian's
+    conda: list[str] = field(default_factory=list)  # the spec's conda packages, as their PyPI equivalents
+    conda_decision: str = ""  # how the conda package list was mapped, in words ("" without one)
+    resolved_before: str = ""  # the date cap of the resolution ("" when the interpreter's pip has none)
+    install_target: str = "."  # what the spec's install installs from /testbed (its extras), resolved too
+    installs: bool = False  # setup ends with the spec's install command (the steps before it are pre-install)
+    # The test command runs `tox --current-env`, which calls the env's python through a symlink of its
+    # own: a conda env's python finds its packages from any path, a venv's only from its bin/, so the
+    # image's base interpreter is made to see the venv's packages too (images.dockerfile)
+    current_env: bool = False
 
     def key(self) -> str:
         text = "\n".join([self.python, self.requirements, *self.pip_packages, "--", *self.setup, "--",
-                          *self.build_requires])
+                          *self.build_requires, "--", self.suite, self.executable, self.user_python, *self.conda,
+                          self.resolved_before, self.install_target])  # (installs follows from setup)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        """The environment in one line (the plan's reason for a buildable instance)."""
+        n = len([x for x in self.requirements.splitlines() if x.strip() and not x.strip().startswith("#")])
+        interp = interpreter(self.python, {self.python: self.user_python} if self.user_python else None)
+        cap = (f"resolved as of {self.resolved_before}" if self.resolved_before
+               else "resolved without a date cap (this Python's pip has no --uploaded-prior-to)")
+        conda = f"{self.conda_decision}, " if self.conda_decision else ""
+        return (f"{interp.describe()}, {conda}{n} requirements, {len(self.pip_packages)} pip_packages, {cap}, "
+                f"install: {self.setup[-1] if self.setup else 'none'}")
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -127,20 +162,37 @@ def build_requires(repo: Path, base_commit: str) -> list[str]:
     return reqs or ["setuptools>=40.8.0", "wheel"]
 
 
-def spec_refusal(name: str, spec: dict) -> str:
-    """Why an instance of this spec cannot be built here, whatever its repository ('' when it can)."""
+def install_target(install: str) -> str:
+    """What the spec's install command installs from the repository: `.`, `.[test]`, ... (`.` for a
+    `setup.py install`): its dependencies are resolved with the rest, so the offline install finds them."""
+    try:
+        argv = shlex.split(install or "")
+    except ValueError:
+        return "."
+    if "install" in argv and "pip" in argv:
+        for a in argv[argv.index("install") + 1:]:
+            if a.startswith("."):
+                return a
+    return "."
+
+
+def spec_refusal(name: str, spec: dict, pythons: dict[str, str] | None = None) -> str:
+    """Why an instance of this spec cannot be built here, whatever its repository ('' when it can).
+    pythons: the user's interpreters ({"3.6": DIR}, `--python`)."""
     lang = language(name)
     if lang and lang != "py":
         return f"not a Python instance ({name} is {lang}): Polar builds Python environments only; use the official image"
     py = str(spec.get("python", ""))
-    if py not in PYTHONS:
-        return (f"needs Python {py}; the Debian base ({', '.join(PYTHONS.values())}) ships Python "
-                f"{', '.join(PYTHONS)} only: use the official image")
+    if interpreter(py, pythons) is None:
+        return missing(py)
     pkgs = spec.get("packages", "") or ""
     if pkgs == "environment.yml":
         return "installs a conda environment.yml (conda-only): use the official image"
     if pkgs and pkgs != "requirements.txt":
-        return f"installs conda packages ({pkgs}) with conda create (conda-only): use the official image"
+        try:
+            pypi_equivalent(pkgs, py)
+        except CondaRefusal as e:
+            return f"{e}: use the official image"
     repo_install = tables()["MAP_REPO_TO_INSTALL"].get(name)
     for cmd in ([repo_install] if repo_install else []) + list(spec.get("pre_install", [])):
         if any(w in cmd for w in NETWORK_WORDS):
@@ -149,16 +201,22 @@ def spec_refusal(name: str, spec: dict) -> str:
 
 
 def environment(inst: dict, repo: Path | None, repos: Path | None) -> Environment:
-    """The environment to build for an instance, or Refused with the reason."""
+    """The environment to build for an instance, or Refused with the reason. The user's interpreters
+    travel in the row as `polar_pythons` ({"3.6": DIR}: `--python`, load_instances)."""
     name, version = inst["repo"], inst["version"]
     try:
         spec = spec_for(name, version)
     except SpecError as e:
         raise Refused(str(e)) from None
-    why = spec_refusal(name, spec)
+    pythons = inst.get("polar_pythons") or None
+    why = spec_refusal(name, spec, pythons)
     if why:
         raise Refused(why)
     py, pkgs = str(spec["python"]), spec.get("packages", "") or ""
+    interp = interpreter(py, pythons)
+    conda, conda_decision = [], ""
+    if pkgs and pkgs not in ("requirements.txt", "environment.yml"):
+        conda, conda_decision = pypi_equivalent(pkgs, py)
     repo_install = tables()["MAP_REPO_TO_INSTALL"].get(name)
     setup = ([repo_install] if repo_install else []) + list(spec.get("pre_install", []))
     if spec.get("install"):
@@ -181,5 +239,10 @@ def environment(inst: dict, repo: Path | None, repos: Path | None) -> Environmen
                               f"machine: a clone in --repos holding that commit, or "
                               f"REPOS/requirements/{name.replace('/', '__')}/{commit}.txt")
             reqs = saved.read_text()
+    capped = tuple(int(x) for x in py.split(".")) >= CAPPED_FROM
     return Environment(python=py, requirements=reqs, pip_packages=list(spec.get("pip_packages", [])), setup=setup,
-                       build_requires=build_requires(repo, inst["base_commit"]))
+                       build_requires=build_requires(repo, inst["base_commit"]), suite=interp.suite,
+                       executable=interp.executable, user_python=str(interp.source or ""), conda=conda,
+                       conda_decision=conda_decision, resolved_before=RESOLVED_BEFORE if capped else "",
+                       install_target=install_target(spec.get("install", "")), installs=bool(spec.get("install")),
+                       current_env="--current-env" in str(spec.get("test_cmd", "")))

@@ -150,7 +150,9 @@ async def grade(inst: dict, sandbox: Commands, env: dict[str, str], timeout: flo
     await sandbox.write_file(f"{home}/eval.sh", ins.script)
     res = await sandbox.exec(["bash", "-c", f"bash {home}/eval.sh 2>&1"], env, timeout=timeout, cwd=wd)
     log_path = outdir / "test_output.txt"
-    log_path.write_bytes(res.stdout + res.stderr)
+    # as swebench's harness keeps it (exec_run_with_timeout: decode(errors="replace")): its parsers read
+    # the log as UTF-8, and a test run may print any bytes (a binary file in `git show`, a test's data)
+    log_path.write_text((res.stdout + res.stderr).decode(errors="replace"), encoding="utf-8")
     text = _text(res)
     from swebench.harness.constants import START_TEST_OUTPUT
     if res.timed_out and START_TEST_OUTPUT not in text:

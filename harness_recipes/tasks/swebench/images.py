@@ -11,19 +11,24 @@ Order, per instance (`instance_image`; `find_official` alone for the planner):
    the conda env /opt/miniconda3/envs/testbed activated by the eval script (eval_script.py);
 3. else Polar builds ``polar-sweb.eval.<instance_id>:<key>`` (key: a hash of everything it is made of):
    - the base: a real Debian root made by `debootstrap --variant=minbase` from the Debian archive
-     (BASE_PACKAGES), `docker import`ed as ``polar-swebench-base:<key>``. Its tarball is kept in
-     $POLAR_CACHE/swebench/ so a machine (CI) runs debootstrap once;
+     (SUITE_PACKAGES), `docker import`ed as ``polar-swebench-base:<key>`` (bookworm) or
+     ``polar-swebench-<suite>:<key>``. The suite is the one whose python3 is the spec's Python
+     (pythons.py: bullseye 3.9, bookworm 3.11; a user's interpreter goes onto bookworm). Its tarball
+     is kept in $POLAR_CACHE/swebench/ so a machine (CI) runs debootstrap once per suite, and unpacked
+     once there (debian_root) for pip to resolve in;
    - an official row (no eval_script of its own): its test environment from the spec
-     (environment.py): a venv of the base's Python at eval_script.VENV, the requirements and
-     pip_packages installed from wheels that the host downloaded from PyPI (`pip download`, kept in
-     $POLAR_CACHE/swebench/wheels/), the spec's install command run in /testbed. The build itself
-     runs with ``--network none``: pip reads only the wheels in the image (PIP_NO_INDEX), which stay
-     there so the eval script's re-install works offline too;
-   - Polar's bundled instances (and rows with their own test_cmd): the base as is (python3,
+     (environment.py): a venv of that Python at eval_script.VENV, the conda list's PyPI equivalent,
+     the requirements and pip_packages installed from wheels that pip resolved inside the Debian
+     root, capped by date (wheels.py, kept in $POLAR_CACHE/swebench/wheels/), the spec's
+     pre_install and install run in /testbed. The build itself runs with ``--network none``: pip
+     reads only the wheels in the image (PIP_NO_INDEX), which stay there so the eval script's
+     re-install works offline too;
+   - Polar's bundled instances (and rows with their own test_cmd): the bookworm base as is (python3,
      pytest from Debian), their eval_script;
    - either way /testbed is the repository at base_commit, its .git holding base_commit and its
-     ancestors only (base_only_repo): a fresh repository that fetched base_commit alone, so no
-     later commit (the gold fix) is in the image on any ref, reflog or as a stray object.
+     ancestors only (base_only_repo): a fresh repository that fetched base_commit alone (and the
+     release tags among its ancestors), so no later commit (the gold fix) is in the image on any
+     ref, reflog or as a stray object.
 
 Builds of one image run once per process (a lock per tag), whichever episode asks first: the
 scheduler's prewarm phase asks while earlier episodes run, so the next image builds in parallel.
@@ -41,10 +46,16 @@ from pathlib import Path
 
 from harness_recipes.cache import polar_cache
 
-SUITE = "bookworm"
+SUITE = "bookworm"  # the base of Polar's bundled instances and of Python 3.11 specs
 MIRROR = "http://deb.debian.org/debian"
 # python3-coverage: termcolor's pytest configuration names a coverage warning class.
 BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", "git", "ca-certificates", "patch")
+# Per Debian suite (pythons.DEBIAN says which Python each has): bullseye for Python 3.9, with the
+# venv module, distutils (old setup.py installs import it) and the headers.
+SUITE_PACKAGES = {
+    "bookworm": BASE_PACKAGES,
+    "bullseye": ("python3", "python3-venv", "python3-distutils", "python3-dev", "git", "ca-certificates", "patch"),
+}
 BASE_VERSION = 1  # bump when the base's recipe changes in a way its key does not show
 WORKDIR = "/testbed"
 # 2: /testbed holds base_commit and its ancestors only (base_only_repo); 1 held every ref of the clone.
@@ -55,13 +66,14 @@ class ImageError(RuntimeError):
     pass
 
 
-def base_key() -> str:
-    spec = f"{BASE_VERSION}|{SUITE}|{MIRROR}|minbase|{','.join(BASE_PACKAGES)}"
+def base_key(suite: str = SUITE) -> str:
+    spec = f"{BASE_VERSION}|{suite}|{MIRROR}|minbase|{','.join(SUITE_PACKAGES[suite])}"
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
-def base_tag() -> str:
-    return f"polar-swebench-base:{base_key()}"
+def base_tag(suite: str = SUITE) -> str:
+    # bookworm's tag is what it was before there were other suites (its images keep their names)
+    return f"polar-swebench-base:{base_key(suite)}" if suite == SUITE else f"polar-swebench-{suite}:{base_key(suite)}"
 
 
 def official_name(inst: dict) -> str:
@@ -99,7 +111,8 @@ def polar_name(inst: dict, env=None) -> str:
     iid = inst["instance_id"].lower().replace("__", "_1776_")
     # The tag changes with anything the image is made of: the base, the commit, the Dockerfile, the env.
     env_key = env.key() if env is not None else "-"
-    key = hashlib.sha256(f"{base_tag()}|{inst['base_commit']}|{dockerfile(base_tag(), env)}|{TESTBED_VERSION}|"
+    base = base_tag(env.suite if env is not None else SUITE)
+    key = hashlib.sha256(f"{base}|{inst['base_commit']}|{dockerfile(base, env)}|{TESTBED_VERSION}|"
                          f"{env_key}".encode()).hexdigest()[:12]
     return f"polar-sweb.eval.{iid}:{key}"
 
@@ -149,16 +162,8 @@ def instance_image(client, inst: dict, repo: Path | None, log=lambda m: None, re
             raise ImageError(f"{inst['instance_id']}: no image {official_name(inst)} in the local docker, and no "
                              "local repository to build one from (give --repos DIR, or build the official images "
                              "with the swebench package)")
-        base = ensure_base(client, log)
-        wheels = None
-        if env is not None:
-            from harness_recipes.tasks.swebench.wheels import WheelError, download_wheels
-            log(f"{inst['instance_id']}: downloading its environment's wheels from PyPI (kept in the cache)")
-            try:
-                wheels = download_wheels(env)
-            except WheelError as e:
-                raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
-        build_instance(client, inst, repo, base, tag, env, wheels)
+        base = ensure_base(client, log, env.suite if env is not None else SUITE)
+        build_instance(client, inst, repo, base, tag, env, log=log)
     return tag, "built"
 
 
@@ -180,16 +185,29 @@ def dockerfile(base: str, env=None) -> str:
     if env is not None:
         from harness_recipes.tasks.swebench.eval_script import VENV
         act = f". {VENV}/bin/activate"
+        if env.user_python:
+            # the user's CPython at its own path (pythons.py): a build with an absolute rpath runs too
+            lines.append(f"COPY python {env.user_python}")
         lines += [
             "COPY wheels /opt/polar/wheels",
             "COPY requirements.txt /opt/polar/requirements.txt",
             # offline: pip reads the wheels in the image only, now and in the eval script's re-install
             "ENV PIP_NO_INDEX=1 PIP_FIND_LINKS=/opt/polar/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 "
             "PIP_NO_CACHE_DIR=1",
-            # Debian's python3 has venv but not ensurepip (python3-venv): pip comes from its wheel
-            f"RUN python3 -m venv --without-pip {VENV} && {VENV}/bin/python /opt/polar/wheels/$(cd /opt/polar/wheels "
-            "&& ls pip-*.whl | head -1)/pip install -q pip",
+            # Debian's python3 may lack ensurepip (python3-venv): pip comes from its wheel
+            f"RUN {env.executable} -m venv --without-pip {VENV} && {VENV}/bin/python /opt/polar/wheels/$(cd "
+            "/opt/polar/wheels && ls pip-*.whl | head -1)/pip install -q pip",
         ]
+        if env.current_env:
+            # tox --current-env links .tox/*/bin/python to the venv's python, which then starts as the
+            # base interpreter: a .pth of the base's adds the venv's packages (as a conda env's python has)
+            site = f"{VENV}/lib/python{env.python}/site-packages"
+            lines.append(f"RUN {env.executable} -c \"import os, site; d = site.getsitepackages()[0]; "
+                         f"os.makedirs(d, exist_ok=True); open(os.path.join(d, 'polar-testbed-env.pth'), 'w')"
+                         f".write('import site; site.addsitedir(%r)' % '{site}' + chr(10))\"")
+        if env.conda:
+            # the spec's conda package list, from PyPI (conda_packages.py), first as conda create has it
+            lines.append(f"RUN {act} && python -m pip install -q {' '.join(shlex.quote(p) for p in env.conda)}")
         if env.requirements.strip():
             lines.append(f"RUN {act} && python -m pip install -q -r /opt/polar/requirements.txt")
         if env.pip_packages:
@@ -220,10 +238,15 @@ def base_only_repo(repo: Path, base_commit: str, dest: Path) -> None:
     `main`. Later commits (the gold fix, the test patch) are never fetched: no ref, reflog, tag,
     remote, FETCH_HEAD or loose object can lead the agent to them."""
     dest.mkdir(parents=True)
+    # Release tags that base_commit reaches come along (setuptools_scm's `git describe` needs one);
+    # they are its ancestors, so nothing later travels with them.
+    tags = _git(["for-each-ref", "--format=%(refname)", "--merged", base_commit, "refs/tags"], Path(repo)).stdout.split()
     steps = [["init", "-q", "-b", "main"],
-             # only what base_commit reaches travels (a pack of exactly those objects)
-             ["-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--upload-pack",
-              "git -c uploadpack.allowAnySHA1InWant=true upload-pack", str(Path(repo).resolve()), base_commit],
+             # only what base_commit reaches travels (a pack of exactly those objects); a shallow source
+             # (data/swebench-verified's depth-1 repositories) gives a shallow /testbed
+             ["-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--update-shallow", "--upload-pack",
+              "git -c uploadpack.allowAnySHA1InWant=true upload-pack", str(Path(repo).resolve()), base_commit,
+              *[f"{t}:{t}" for t in tags]],
              ["update-ref", "refs/heads/main", base_commit],
              ["checkout", "-q", "-f", "main"],
              ["reflog", "expire", "--expire=now", "--all"],
@@ -248,7 +271,10 @@ def history_after(repo: Path, base_commit: str) -> list[str]:
     return sorted((every - ancestry) | loose)
 
 
-def build_instance(client, inst: dict, repo: Path, base: str, tag: str, env=None, wheels: Path | None = None) -> None:
+def build_instance(client, inst: dict, repo: Path, base: str, tag: str, env=None, wheels: Path | None = None,
+                   log=lambda m: None) -> None:
+    """Build the image `tag`: /testbed at base_commit and, for an official row, its environment from
+    wheels (given, or resolved now in the Debian root of the environment's suite: wheels.py)."""
     import docker
     with tempfile.TemporaryDirectory(prefix="polar-image-") as ctx:
         try:
@@ -256,8 +282,19 @@ def build_instance(client, inst: dict, repo: Path, base: str, tag: str, env=None
         except ImageError as e:
             raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
         if env is not None:
+            if wheels is None:
+                from harness_recipes.tasks.swebench.wheels import WheelError, download_wheels
+                log(f"{inst['instance_id']}: resolving its environment with pip in the Debian {env.suite} root "
+                    f"(as of {env.resolved_before or 'now'}; kept in the cache)")
+                try:
+                    wheels = download_wheels(env, debian_root(env.suite, log), Path(ctx) / "testbed",
+                                             inst["base_commit"])
+                except WheelError as e:
+                    raise ImageError(f"{inst['instance_id']}: image build failed: {e}") from None
             shutil.copytree(wheels, Path(ctx) / "wheels")
             (Path(ctx) / "requirements.txt").write_text(env.requirements)
+            if env.user_python:
+                shutil.copytree(env.user_python, Path(ctx) / "python", symlinks=True)
         (Path(ctx) / "Dockerfile").write_text(dockerfile(base, env))
         try:
             client.images.build(path=ctx, tag=tag, network_mode="none", rm=True, forcerm=True,
@@ -267,20 +304,47 @@ def build_instance(client, inst: dict, repo: Path, base: str, tag: str, env=None
             raise ImageError(f"{inst['instance_id']}: image build failed: {e.msg}\n{tail[-1500:]}") from None
 
 
-def base_tarball() -> Path:
-    return polar_cache("swebench", f"debian-{SUITE}-minbase-{base_key()}.tar.gz")
+def base_tarball(suite: str = SUITE) -> Path:
+    return polar_cache("swebench", f"debian-{suite}-minbase-{base_key(suite)}.tar.gz")
 
 
-def ensure_base(client, log=lambda m: None) -> str:
-    tag = base_tag()
+def _tarball(suite: str, log) -> Path:
+    tarball = base_tarball(suite)
+    with _lock(str(tarball)):
+        if not tarball.is_file():
+            log(f"building the Debian base ({suite}, minbase + {', '.join(SUITE_PACKAGES[suite])}) with "
+                f"debootstrap: a minute or more, once; kept in {tarball}")
+            make_base_tarball(tarball, suite)
+    return tarball
+
+
+def debian_root(suite: str = SUITE, log=lambda m: None) -> Path:
+    """The base tarball unpacked once into the cache: the root pip resolves in (wheels.py, via chroot)."""
+    root = polar_cache("swebench", "roots", f"{suite}-{base_key(suite)}")
+    with _lock(str(root)):
+        if (root / "etc" / "debian_version").is_file():
+            return root
+        tarball = _tarball(suite, log)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=root.parent))
+        proc = subprocess.run(["tar", "--numeric-owner", "-xzf", str(tarball), "-C", str(part)], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(part, ignore_errors=True)
+            raise ImageError(f"unpacking {tarball} failed: {proc.stderr[-500:]}")
+        try:
+            part.rename(root)
+        except OSError:  # another process unpacked it first
+            shutil.rmtree(part, ignore_errors=True)
+    return root
+
+
+def ensure_base(client, log=lambda m: None, suite: str = SUITE) -> str:
+    tag = base_tag(suite)
     with _lock(tag):
         if _exists(client, tag):
             return tag
-        tarball = base_tarball()
-        if not tarball.is_file():
-            log(f"building the Debian base ({SUITE}, minbase + {', '.join(BASE_PACKAGES)}) with debootstrap: "
-                f"about a minute, once; kept in {tarball}")
-            make_base_tarball(tarball)
+        tarball = _tarball(suite, log)
         log(f"docker import {tarball} {tag}")
         repo, t = tag.split(":")
         with open(tarball, "rb") as f:
@@ -290,7 +354,7 @@ def ensure_base(client, log=lambda m: None) -> str:
     return tag
 
 
-def make_base_tarball(dest: Path) -> None:
+def make_base_tarball(dest: Path, suite: str = SUITE) -> None:
     exe = shutil.which("debootstrap") or ("/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)
     if exe is None:
         raise ImageError("building the SWE-bench base image needs debootstrap (apt-get install -y debootstrap), "
@@ -301,8 +365,8 @@ def make_base_tarball(dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="polar-debootstrap-", dir=dest.parent) as tmp:
         root = Path(tmp) / "root"
-        proc = subprocess.run([exe, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root),
-                               MIRROR], capture_output=True, text=True)
+        proc = subprocess.run([exe, "--variant=minbase", f"--include={','.join(SUITE_PACKAGES[suite])}", suite,
+                               str(root), MIRROR], capture_output=True, text=True)
         if proc.returncode != 0:
             raise ImageError(f"debootstrap failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
         # Downloaded .debs and package lists: half the size, no use in a test image.

@@ -186,8 +186,11 @@ def task_id(instance_id: str) -> str:
 
 
 def load_instances(spec: str | Path, repos: str | Path | None = None, instances: list[str] | None = None,
-                   limit: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> list[Task]:
-    """Tasks from a file of SWE-bench instances (spec: 'swebench:FILE' or FILE), filtered."""
+                   limit: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+                   pythons: dict[str, str] | None = None) -> list[Task]:
+    """Tasks from a file of SWE-bench instances (spec: 'swebench:FILE' or FILE), filtered. pythons: the
+    user's interpreters for versions Debian lacks ({"3.6": DIR}, `--python`, checked by
+    pythons.parse_pythons), carried in each row as `polar_pythons` like `polar_repos`."""
     try:
         import swebench  # noqa: F401  (grading, parsers and image names are swebench's own)
     except ImportError:
@@ -218,7 +221,8 @@ def load_instances(spec: str | Path, repos: str | Path | None = None, instances:
         if limit < 1:
             raise TaskError(f"--limit must be at least 1, got {limit}")
         checked = checked[:limit]
-    return [_task(inst, where, path.parent if path.is_file() else path, repos, timeout) for where, inst in checked]
+    return [_task(inst, where, path.parent if path.is_file() else path, repos, timeout, pythons)
+            for where, inst in checked]
 
 
 def local_repo(repos, repo: str) -> Path | None:
@@ -238,7 +242,7 @@ def local_repo(repos, repo: str) -> Path | None:
     return None
 
 
-def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
+def _task(inst: dict, where: str, base: Path, repos, timeout: float, pythons: dict[str, str] | None = None) -> Task:
     git_repo = local_repo(repos, inst["repo"])
     if git_repo is None and inst.get("polar_source"):
         try:
@@ -256,5 +260,6 @@ def _task(inst: dict, where: str, base: Path, repos, timeout: float) -> Task:
         git_commit=inst["base_commit"] if git_repo is not None else None,
         timeout=float(inst.get("timeout", timeout)),
         eval_timeout=float(eval_timeout),
-        swebench={**inst, "polar_repos": str(Path(repos).resolve()) if repos is not None else None},
+        swebench={**inst, "polar_repos": str(Path(repos).resolve()) if repos is not None else None,
+                  **({"polar_pythons": dict(pythons)} if pythons else {})},
     )

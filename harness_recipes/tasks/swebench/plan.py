@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness_recipes.docker_engine import docker_client_or_none
-from harness_recipes.tasks.swebench.environment import PYTHONS, Refused, environment, spec_refusal
+from harness_recipes.tasks.swebench.environment import Refused, environment, spec_refusal
 from harness_recipes.tasks.swebench.specs import SpecError, language, source, spec_for, tables
 
 
@@ -58,10 +58,7 @@ def decide(inst: dict, repo: Path | None, repos: Path | None, client=None) -> De
         d.reason = str(e)
         return d
     d.path = "build"
-    d.reason = (f"Debian {PYTHONS[env.python]} Python {env.python}, "
-                f"{len([x for x in env.requirements.splitlines() if x.strip() and not x.strip().startswith('#')])} "
-                "requirements, "
-                f"{len(env.pip_packages)} pip_packages, install: {env.setup[-1] if env.setup else 'none'}")
+    d.reason = env.describe()
     return d
 
 
@@ -98,6 +95,15 @@ def table(decisions: list[Decision], engine: bool) -> str:
                   f"{t['refused']} refused."]
     if not engine:
         lines.append("No local docker engine answered: official images were not looked up.")
+    built = Counter(f"Python {d.python}" + (" (conda packages from PyPI)" if "from PyPI" in d.reason else "")
+                    for d in decisions if d.path == "build")
+    if built:
+        lines += ["", "Buildable, by Python:"] + [f"- {n} x {k}" for k, n in sorted(built.items())]
+    # a refusal for want of the repository comes after every spec check: those build once it is given
+    need_repo = Counter(d.repo for d in decisions if d.path == "refused" and d.reason.startswith("no local repository"))
+    if need_repo:
+        lines += ["", f"{sum(need_repo.values())} of the refused build here once their repository is given "
+                      f"(--repos): " + ", ".join(f"{r} {n}" for r, n in need_repo.most_common()) + "."]
     # the reasons, grouped, say what it would take to run the refused ones
     why = Counter(_reason_kind(d.reason) for d in decisions if d.path == "refused")
     if why:
@@ -108,7 +114,7 @@ def table(decisions: list[Decision], engine: bool) -> str:
 def _reason_kind(reason: str) -> str:
     """The reason less what is particular to the instance (commits, the advice), to count alike ones."""
     kind = re.sub(r"\b[0-9a-f]{7,40}\b", "<commit>", reason).split(": use the official image")[0]
-    return kind if kind.startswith("needs Python") else kind.split(" (")[0]
+    return kind.split(";")[0] if kind.startswith("needs Python") else kind.split(" (")[0]
 
 
 def as_json(decisions: list[Decision], engine: bool) -> str:
