@@ -1,4 +1,5 @@
-"""Tampering from inside the code under test (issue 31's table, rows 1-4), graded on the local runtime.
+"""Tampering from inside the code under test, graded on the local runtime: atexit exits, forged
+runner results, printed verdict lines.
 
 Each attack is appended to the module under test of a bundled task (data/tasks: fix_add's calc.py)
 by an agent script run in the episode's sandbox; grade_episode then grades it in a fresh workspace

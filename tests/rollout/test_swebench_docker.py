@@ -105,7 +105,7 @@ def test_fixed_is_resolved_and_the_bad_instances_are_recorded_not_scored(tmp_pat
 
     # Once the tests run, their output is the graded code's: tests that hang and a log swebench reads
     # nothing from are a graded 0, kept (a discard would let a failing policy escape its negative
-    # advantage: issue 31); every episode of a broken instance gets the same 0, which trains nothing.
+    # advantage: docs/security.md, the verdict); every episode of a broken instance gets the same 0, which trains nothing.
     hang = recs[f"{t.id}-hang"]
     assert hang["status"] == "done" and hang["reward"] == 0.0 and hang["eval"]["verdict"] == "timed_out", hang
     assert end_server.ends[hang["episode_id"]]["metadata"]["discard"] is False

@@ -3,9 +3,10 @@
 The bundled inflection instance's official eval script (its /testbed replaced by a checkout here:
 no docker) runs through tasks/swebench/grade.py's `grade` on a host sandbox: the script as
 instrumented (exit-status line, canaries after test_patch, JUnit XML), swebench's own report and
-log reading, then the cross-check (harness_recipes/verdict/swebench.py). Each attack of issue 31's
-table (rows 1-4) is appended to the module under test; the controls show what swebench alone would
-say of the same log (rows 3 and 4 fool it). Docker runs of the same: test_grading_docker.py.
+log reading, then the cross-check (harness_recipes/verdict/swebench.py). Each attack on the verdict
+(atexit exits, forged results, printed verdict lines) is appended to the module under
+test; the controls show what swebench alone would say of the same log (the printed lines fool
+it). Docker runs of the same: test_grading_docker.py.
 """
 from __future__ import annotations
 

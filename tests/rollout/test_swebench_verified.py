@@ -435,7 +435,7 @@ def test_run_leaves_refused_instances_out_up_front_saying_why(capsys):
             _runnable([t for t in tasks if t.swebench["instance_id"] != IID])
 
 
-# issue 31, row 3: printed after pytest's own summary, these lines win in swebench's parser
+# the printed-PASSED attack: printed after pytest's own summary, these lines win in swebench's parser
 FORGE_PASSED = '''
 
 import atexit as _atexit, re as _re, sys as _sys
