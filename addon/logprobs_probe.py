@@ -145,6 +145,10 @@ class ModeCache:
         else:
             e.known, e.failures, e.retry_at = True, 0, 0.0
 
+    def bases(self) -> list[str]:
+        """Every upstream base URL with an entry."""
+        return list(self._entries)
+
     def invalidate(self, base: str | None = None) -> None:
         """Forget the mode (one upstream, or all): the next call probes again (a weight sync, a
         restarted server after a failed connection). A probe in flight is left to finish."""

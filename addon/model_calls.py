@@ -28,7 +28,7 @@ from addon.proxy_state import CALL, DECODED_BODY, ROUTE, ProxyState, error_respo
 from addon.redact import CleanRequests, credential_values
 from addon.routing import CHAT_PATH, MODEL, MODELS, RouteError, api_of, check_episode_id
 from addon.server_dialects import DIALECTS
-from addon.upstream import LOGPROBS_MODES, Upstreams
+from addon.upstream import LOGPROBS_MODES, RECHECK_S, Upstreams
 from addon.weight_hold import HoldTimeout
 from polar_contracts.log.table import LogError
 from polar_contracts.log.writer import warm_up
@@ -147,6 +147,11 @@ class ModelCalls:
                           "What the upstream's logprobs are, recorded on each row: auto (probe each upstream once "
                           "before its first call, again after a weight sync or a failed connection) | processed | "
                           "raw | scaled | unknown (no probe; recorded null).")
+        loader.add_option("polar_identity_recheck_s", int, RECHECK_S,
+                          "When the proxy opens a new connection to the upstream and learned its identity (dialect, "
+                          "sampling defaults, logprobs mode) more than this many seconds ago, it learns it again "
+                          "before the call: a server restarted with other flags between calls is noticed. 0: at "
+                          "every new connection; negative: never.")
         loader.add_option("polar_probe_timeout_s", float, PROBE_TIMEOUT,
                           "Seconds each logprobs-mode probe request may take. The first calls to an upstream wait "
                           "for its probe (a row is never written before its mode is known); a probe that fails or "
@@ -159,6 +164,8 @@ class ModelCalls:
             if not o.polar_probe_timeout_s > 0:
                 raise exceptions.OptionsError(f"polar_probe_timeout_s must be > 0 seconds, not {o.polar_probe_timeout_s}")
             ups.probe_timeout_s = o.polar_probe_timeout_s
+        if "polar_identity_recheck_s" in updated:
+            ups.recheck_s = o.polar_identity_recheck_s
         if "polar_dialect" in updated:
             if o.polar_dialect not in (*DIALECTS, "auto"):
                 raise exceptions.OptionsError(f"polar_dialect must be vllm, sglang or auto, not {o.polar_dialect!r}")
@@ -240,6 +247,8 @@ class ModelCalls:
             flow.response = error_response(503, _storage_message(exc))
             return
         try:
+            if not flow.server_conn.connected:  # (lazy connection strategy: this call opens a new connection)
+                self.upstreams.connecting(f"{req.host}:{req.port}", time.monotonic())
             dialect = await self.upstreams.dialect(f"{req.scheme}://{req.host}:{req.port}")
             c = calls.CallState(r.episode_id, call_index, api, dialect, t_start, b"")
             c.translator = translator
@@ -416,6 +425,13 @@ class ModelCalls:
             flow.response = _api_error(c, 503, failed)  # not recorded: never answered as a success
         if c.trash:  # freed once the answer is on its way (not SIGKILL-relevant: the row is written)
             asyncio.get_running_loop().call_soon(c.drop_trash)
+
+    def server_connected(self, data) -> None:
+        """mitmproxy opened a connection to a server (eagerly, before the request, in reverse mode):
+        a server restarted since the last connection may be another (upstream.py)."""
+        host, port = data.server.address[:2] if data.server.address else (None, None)
+        if host is not None:
+            self.upstreams.connecting(f"{host}:{port}", time.monotonic())
 
     def error(self, flow: http.HTTPFlow) -> None:
         c: calls.CallState | None = flow.metadata.pop(META, None)

@@ -15,6 +15,14 @@ upstream (or of all), so that the next call to it learns its identity again: a s
 with other flags is another server. A probe or discovery still in flight when it is forgotten
 does not write its answer back (it answers only the calls already waiting for it).
 
+A server restarted between calls (say with another ``--logprobs-mode``) fails no call, so the
+proxy cannot see the restart itself; it sees that it opens a new connection to the server (every
+connection to the old server closed with it). ``connecting(address)`` is told so, and forgets
+what was learned of that server more than ``recheck_s`` (option ``polar_identity_recheck_s``)
+ago: the call that opens the connection waits for the identity to be learned again, as the first
+call did, so its rows carry the restarted server's mode. The re-learning costs two tiny
+completions (the probe) and a model listing, at most once per ``recheck_s`` per server.
+
 The I/O (urllib on worker threads) is in the modules named above; this one schedules it and
 caches the answers. The option values are set by model_calls.ModelCalls.configure.
 """
@@ -36,6 +44,7 @@ from addon.server_dialects import dialect_from_models
 log = logging.getLogger("polar")
 
 LOGPROBS_MODES = ("auto", "processed", "raw", "scaled", "unknown")  # option polar_logprobs_mode
+RECHECK_S = 10  # default of option polar_identity_recheck_s (an int: mitmdump --set parses no floats)
 
 
 def probe_dialect(base_url: str, timeout: float = 5.0) -> str | None:
@@ -58,6 +67,9 @@ class Upstreams:
         self.sampling_option: ModelDefaults | None = None  # polar_generation_config (None: unset)
         self.logprobs_mode_option = "auto"  # polar_logprobs_mode
         self.probe_timeout_s = PROBE_TIMEOUT  # polar_probe_timeout_s
+        self.recheck_s = RECHECK_S  # polar_identity_recheck_s (negative: never)
+        # host:port -> when its identity was last taken as current (its first connection, or a recheck)
+        self._current_since: dict[str, float] = {}
         # what was learned, per upstream (dialects are keyed by scheme://host:port, the rest by
         # the base URL with its path prefix, as the requests that learn them are sent)
         self._dialects: dict[str, str] = {}
@@ -82,6 +94,23 @@ class Upstreams:
         """Forget the logprobs mode of upstream ``base`` (all: None); its next call probes again.
         After a weight sync and when a call to the upstream fails to connect."""
         self.logprobs_modes.invalidate(base)
+
+    def connecting(self, address: str, now: float) -> bool:
+        """The proxy opens a new connection to the server at ``address`` (host:port): forget its
+        identity when it was learned more than recheck_s ago (module docstring). True if forgotten."""
+        since = self._current_since.get(address)
+        if since is None or self.recheck_s < 0 or now - since < self.recheck_s:
+            self._current_since.setdefault(address, now)
+            return False
+        self._current_since[address] = now
+        known = [k for k in (*self._dialects, *self._discovered, *self._discovering, *self.logprobs_modes.bases())
+                 if _address_of(k) == address]
+        for key in set(known):
+            self.forget(key)
+        if known:
+            log.info("polar: a new connection to %s: its dialect, sampling defaults and logprobs mode are learned "
+                     "again (a restarted server may be another; polar_identity_recheck_s)", address)
+        return bool(known)
 
     # -- dialect ----------------------------------------------------------------------------------
     async def dialect(self, host_base: str) -> str:
@@ -179,3 +208,8 @@ def _host_of(base: str | None) -> str | None:
         return None
     scheme, sep, rest = base.partition("://")
     return scheme + sep + rest.split("/", 1)[0]
+
+
+def _address_of(base: str) -> str:
+    """host:port of a base URL (scheme://host:port[/prefix])."""
+    return base.partition("://")[2].split("/", 1)[0]

@@ -32,7 +32,9 @@ from harness_recipes.node.processes import stop
 from harness_recipes.node.progress import FleetView, Progress, summary_table
 from harness_recipes.node.proxy_control import ProxyControlError, check_proxy
 from harness_recipes.node.records import Records
+from harness_recipes.node.run_metrics import REPORT_TO, RunMetrics
 from harness_recipes.node.scheduler import Limits, Pipeline
+from harness_recipes.node.tb_events import EventWriter
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
 from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_recipe
 from harness_recipes.runtimes import make_runtime
@@ -148,10 +150,15 @@ def main() -> None:
               help="build shards at the end, run polar-recon watch alongside, or leave it to the user")
 @click.option("--keep-workspaces", is_flag=True, help="leave episode directories for inspection (local runtime)")
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
+@click.option("--report-to", type=click.Choice(REPORT_TO), default="none", show_default=True,
+              help="where the run's metrics go while it runs (TRL's report_to names; harness_recipes/node/"
+                   "run_metrics.py): tensorboard writes event files into --logging-dir")
+@click.option("--logging-dir", type=click.Path(file_okay=False), default=None,
+              help="with --report-to tensorboard: the event directory [default: OUT/runs]")
 @budget_option
 def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, unsafe_open_proxy,
         logdir, out, runtime, isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon,
-        keep_workspaces, no_progress, grading_budget) -> None:
+        keep_workspaces, no_progress, report_to, logging_dir, grading_budget) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file, api_key_env)
@@ -165,8 +172,9 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
     try:
         rt = make_runtime(runtime, workdir=str(work), **opts)
+        metrics_dir = None if report_to == "none" else Path(logging_dir or Path(out) / "runs")
         code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
-                                Path(logdir), Path(out), limits, recon, not no_progress))
+                                Path(logdir), Path(out), limits, recon, not no_progress, metrics_dir))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
         click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "
                    "Run the same command again to resume.", err=True)
@@ -433,7 +441,8 @@ def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
     return load_tasks(tasks_path)
 
 
-async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out: Path, limits, recon, progress) -> int:
+async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out: Path, limits, recon, progress,
+               metrics_dir: Path | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logdir.mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
@@ -442,11 +451,18 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     watcher = _start_watch(logdir, out, samples) if recon == "watch" else None
     view = Progress(enabled=progress)
     pipeline.on_change = view.update
+    metrics = RunMetrics(EventWriter(metrics_dir), logdir) if metrics_dir is not None else None
+    if metrics is not None:
+        click.echo(f"polar-rollout: metrics to TensorBoard in {metrics_dir} (tensorboard --logdir {metrics_dir})",
+                   err=True)
+        pipeline.on_change = lambda p: (view.update(p), metrics.update(p))
     try:
         with view:
             await pipeline.run()
     finally:
         await runtime.shutdown()
+        if metrics is not None:
+            metrics.close()
         if watcher is not None:
             stop(watcher, signal.SIGINT, grace=30)  # watch finishes the shard it is writing and exits 0
     view.console.print(summary_table(pipeline, title=f"polar-rollout: {recipe.name}"))

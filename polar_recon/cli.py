@@ -280,12 +280,29 @@ def show(episode, html_path, logdir, tokenizer):
 @click.option("--drift", "with_drift", is_flag=True,
               help="also measure the drift text re-tokenization would cause (re-links every episode: slow)")
 @click.option("--max-views", type=int, default=20, show_default=True, help="token views written per harness")
+@click.option("--watch", "watch_s", type=float, default=None, metavar="SECONDS",
+              help="with --html: build the report again every SECONDS while a run runs (the page reloads itself); "
+                   "Ctrl-C stops")
 @tokenizer_opt
-def compare(inputs, logdirs, trainers, html_path, as_json, solved_at, with_drift, max_views, tokenizer):
+def compare(inputs, logdirs, trainers, html_path, as_json, solved_at, with_drift, max_views, watch_s, tokenizer):
     """Harnesses side by side: episodes, calls, tokens, phase times, reward, fidelity, exclusions,
     training curves, per harness (and per weight version), from stores, rollout outputs, an
     experiment's store root or log directories (docs/report.md)."""
     from .compare.run import CompareError, run_compare
+
+    if watch_s is not None:
+        from .compare.watch import watch
+
+        if not html_path or as_json:
+            raise click.UsageError("--watch rewrites the --html page: give --html FILE (and not --json)")
+        try:
+            watch(lambda: run_compare(list(inputs), list(logdirs), list(trainers), solved_at=solved_at,
+                                      drift=with_drift, tokenizer=tokenizer, html_path=html_path,
+                                      max_views=max_views),
+                  html_path, watch_s, echo=lambda m: click.echo(m, err=True))
+        except CompareError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
 
     try:
         report = run_compare(list(inputs), list(logdirs), list(trainers), solved_at=solved_at, drift=with_drift,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from trainer.cpu_fallback import fall_back_to_cpu
 from trainer.is_correction import MODES
 from trainer.shard_rollout import POLICIES
 
@@ -73,6 +74,7 @@ class PolarGRPOConfig(GRPOConfig):
         "sampling temperature must equal --temperature (trainer/row_temperature.py)."})
 
     def __post_init__(self):
+        fall_back_to_cpu(self)  # before GRPOConfig's bf16 default meets TrainingArguments' GPU check
         super().__post_init__()
         if self.use_vllm:
             raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "

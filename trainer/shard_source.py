@@ -304,7 +304,8 @@ class ShardSource:
 
     def __init__(self, location: str, *, filesystem: pafs.FileSystem | None = None, poll_interval: float = 1.0,
                  max_policy_lag: int | None = None, drop_incomplete: bool = False,
-                 cursor: ShardCursor | None = None, rank: int = 0, world_size: int = 1):
+                 cursor: ShardCursor | None = None, rank: int = 0, world_size: int = 1,
+                 wait_report_interval: float = 30.0):
         if max_policy_lag is not None and max_policy_lag < 0:
             raise ValueError(f"max_policy_lag must be >= 0, got {max_policy_lag}")
         if not (world_size >= 1 and 0 <= rank < world_size):
@@ -313,6 +314,8 @@ class ShardSource:
         self.fs, self.path = resolve_filesystem(location, filesystem)
         self.location = location
         self.poll_interval = poll_interval
+        # A wait for shards says so every this many seconds: a mistyped --shards must not wait in silence.
+        self.wait_report_interval = wait_report_interval
         self.max_policy_lag = max_policy_lag
         self.drop_incomplete = drop_incomplete
         self.stats = SourceStats()
@@ -477,12 +480,17 @@ class ShardSource:
     def next_group(self, timeout: float | None = None) -> Group:
         """Block until a group is available (polling every poll_interval) or raise NoShardsError."""
         t0 = time.monotonic()
+        reported = None  # when the last "waiting for shards" line was written
         while True:
             g = self.try_next()
             if g is not None:
                 self.stats.wait_seconds += time.monotonic() - t0
                 return g
             waited = time.monotonic() - t0
+            if reported is None and not self.location_exists() or \
+                    waited - (reported or 0.0) >= self.wait_report_interval:
+                log.warning("%s", self.waiting_line(waited))
+                reported = waited
             if timeout is not None and waited >= timeout:
                 self.stats.wait_seconds += waited
                 raise NoShardsError(
@@ -490,6 +498,22 @@ class ShardSource:
                     f"({self.stats.shards_read} shards read, groups dropped {dict(self.stats.dropped)}, "
                     f"cursor {self.cursor})")
             time.sleep(self.poll_interval if timeout is None else min(self.poll_interval, timeout - waited))
+
+    def location_exists(self) -> bool:
+        try:
+            return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+        except OSError:  # a remote store that cannot say: assume it is there
+            return True
+
+    def waiting_line(self, waited: float) -> str:
+        """One line for a wait without groups: where, how long, what was seen (and a path that does not exist)."""
+        line = (f"waiting for shards in {self.location} ({waited:.0f}s; {len(self._known)} shards seen, "
+                f"{self.stats.shards_read} read, {self.stats.groups_out} groups taken"
+                + (f", groups dropped {dict(self.stats.dropped)}" if self.stats.dropped else "") + ")")
+        if not self.location_exists():
+            line += (f": {self.location} does not exist yet; polar-recon build/watch LOGDIR {self.location} writes "
+                     "it (check the path; shard_wait_timeout bounds the wait)")
+        return line
 
     def take(self, n: int, timeout: float | None = None) -> list[Group]:
         return [self.next_group(timeout) for _ in range(n)]

@@ -126,3 +126,28 @@ def test_a_discovery_in_flight_when_forgotten_is_not_written_back(monkeypatch):
         assert await ups.sampling_defaults(A, "vllm", {}) == (QWEN, "")
     asyncio.run(run())
     assert calls == [A, A]
+
+
+def test_a_new_connection_relearns_an_identity_older_than_recheck_s(asked):
+    """A server restarted between calls fails no call; the proxy's new connection to it makes an
+    identity learned more than recheck_s ago be learned again (only that server's)."""
+    seen, answers = asked
+    ups = upstream.Upstreams()
+    ups.recheck_s = 10.0
+
+    async def run():
+        assert not ups.connecting("127.0.0.1:8000", 100.0)  # the first connection: nothing to forget
+        assert (await _identity(ups, A))[3] == "processed"
+        await _identity(ups, B)
+        assert not ups.connecting("127.0.0.1:8000", 105.0)  # within recheck_s: kept
+        assert await _identity(ups, A) == ("sglang", QWEN, "", "processed")
+        answers["mode"] = "raw"  # restarted with another --logprobs-mode
+        assert ups.connecting("127.0.0.1:8000", 111.0)
+        assert await _identity(ups, A) == ("sglang", QWEN, "", "raw")
+        assert [b for b, *_ in seen["probe"]] == [A, B, A]  # B (port 9000) untouched
+        assert len(seen["dialect"]) == 3 and len(seen["discover"]) == 3
+        assert not ups.connecting("127.0.0.1:8000", 115.0)  # counted from the re-learning
+        ups.recheck_s = -1.0  # never
+        assert not ups.connecting("127.0.0.1:8000", 1e6)
+
+    asyncio.run(run())

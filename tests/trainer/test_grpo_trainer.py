@@ -215,7 +215,7 @@ def test_config_refuses_misaligned_checkpoints_and_vllm(tmp_path):
 
 
 def test_train_grpo_script_and_resume(tmp_path, tiny_dir):
-    from trainer.train_grpo import main
+    from trainer.train_grpo import train as main
 
     p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
     rows = [row(synthetic_seq(p, [500 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2, **PLAIN)
@@ -234,6 +234,65 @@ def test_train_grpo_script_and_resume(tmp_path, tiny_dir):
     with pytest.raises(SystemExit, match="--shards OUT is required"):
         main(["--model", str(tiny_dir), "--output_dir", str(tmp_path / "x"), "--max_steps", "1", "--use_cpu",
               "--bf16", "false"])
+
+
+def test_polar_train_on_a_machine_without_gpu_exits_0(tmp_path, tiny_dir, monkeypatch, capfd):
+    """The README's polar-train line (no --use_cpu, no --bf16) on a machine without an accelerator trains on
+    the CPU in fp32 and says so in one line; the console script's value is 0 (sys.exit(main()))."""
+    import trainer.cpu_fallback
+    from trainer.train_grpo import main
+
+    monkeypatch.setattr(trainer.cpu_fallback, "accelerator_present", lambda: False)  # also on a GPU machine
+    p = [151644, 872, 198, 151645, 198, 151644, 77091, 198]
+    rows = [row(synthetic_seq(p, [500 + 10 * g + e, 7]), f"g{g}-e{e}", f"g{g}", float(e), group_size=2, **PLAIN)
+            for g in range(2) for e in range(2)]
+    write_shard(tmp_path / "shards", 1, rows)
+    rc = main(["--shards", str(tmp_path / "shards"), "--model", str(tiny_dir), "--output_dir", str(tmp_path / "ckpt"),
+               "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "4",
+               "--gradient_checkpointing", "false", "--report_to", "none", "--shard_wait_timeout", "10",
+               "--disable_tqdm", "true"])
+    assert rc == 0
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    err = capfd.readouterr().err
+    assert err.count("polar-train: no GPU found: training on the CPU in fp32") == 1, err[-2000:]
+    cfg = config(tmp_path, use_cpu=False, bf16=None)
+    assert (cfg.use_cpu, cfg.bf16) == (True, False) and "no GPU found" in capfd.readouterr().err
+    kept = config(tmp_path, use_cpu=True, bf16=False)  # chosen by the user: untouched, no line
+    assert (kept.use_cpu, kept.bf16) == (True, False) and "no GPU" not in capfd.readouterr().err
+
+
+def test_polar_train_help_and_bad_model(tmp_path, capsys, monkeypatch):
+    """--help shows Polar's options first and fits a screen or two; --help-all is TRL's full list; a bad
+    --model names the problem instead of Hugging Face's repo-id traceback."""
+    from trainer.train_grpo import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("usage: polar-train --shards OUT --model DIR") and len(out) < 400, len(out)
+    head = "\n".join(out[:40])
+    for name in ("--model", "--resume", "--shards", "--shard_wait_timeout"):
+        assert name in head, name
+    text = "\n".join(out)
+    for name in ("--sync_secret_file", "--max_policy_lag", "--temperature", "--learning_rate", "--use_cpu"):
+        assert f"  {name} (default:" in text, name
+    total = int(next(line for line in out if line.startswith("--help-all: all ")).split()[2])
+    assert total > 150  # TRL 1.16: some 227
+    with pytest.raises(SystemExit) as info:
+        main(["--help-all"])
+    assert info.value.code == 0
+    full = capsys.readouterr().out
+    assert full.count("\n") > 1000 and "--vllm_importance_sampling_mode" in full and "--sync_secret_file" in full
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = ["--shards", str(tmp_path), "--output_dir", str(tmp_path / "o"), "--max_steps", "1", "--use_cpu",
+            "--bf16", "false", "--report_to", "none"]
+    with pytest.raises(SystemExit, match=r"--model \./no/such/model: no such directory"):
+        main(base + ["--model", "./no/such/model"])
+    with pytest.raises(SystemExit, match=r"not a Hugging Face model directory \(no config.json"):
+        main(base + ["--model", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--model bad name!: cannot load the policy \(not a local model directory"):
+        main(base + ["--model", "bad name!"])
 
 
 def test_vespo_reads_the_ratio_instead_of_scaled_advantages(tmp_path, tiny_dir, sampler):

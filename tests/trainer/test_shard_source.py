@@ -212,3 +212,23 @@ def test_push_back_hands_the_group_out_again_and_keeps_the_cursor_before_it(tmp_
         src.push_back(b)
     assert src.try_next() is b and src.stats.groups_out == 2
     assert src.try_next() is None
+
+
+def test_a_wait_for_shards_says_so(tmp_path, caplog):
+    """A mistyped --shards does not wait in silence: a missing location is named at once, and every
+    wait_report_interval the wait says where, how long and what was seen."""
+    import logging
+
+    src = ShardSource(str(tmp_path / "typo"), poll_interval=0.01, wait_report_interval=0.05)
+    with caplog.at_level(logging.WARNING, logger="trainer.shard_source"), pytest.raises(NoShardsError):
+        src.next_group(timeout=0.2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for shards in")]
+    assert len(lines) >= 2, caplog.text
+    assert lines[0].startswith(f"waiting for shards in {tmp_path / 'typo'} (0s; 0 shards seen")
+    assert "does not exist yet; polar-recon build/watch LOGDIR" in lines[0]
+    caplog.clear()
+    (tmp_path / "there").mkdir()
+    src = ShardSource(str(tmp_path / "there"), poll_interval=0.01, wait_report_interval=60)
+    with caplog.at_level(logging.WARNING, logger="trainer.shard_source"), pytest.raises(NoShardsError):
+        src.next_group(timeout=0.1)
+    assert "waiting for shards" not in caplog.text  # an existing directory: only every wait_report_interval

@@ -95,6 +95,57 @@ class FakeVLLM:
         self.thread.join(10)
 
 
+class SecuredProxy(FakeVLLM):
+    """127.0.0.1 stand-in for a capture proxy with a control secret: it refuses the weight-sync path
+    (GET and POST) without the secret, with the proxy's own 403 text."""
+
+    def __enter__(self):
+        from aiohttp import web
+
+        from polar_contracts.control import SYNC_PATH
+
+        async def refuse(request):
+            self.requests.append({"method": request.method, "control": request.headers.get("x-polar-control")})
+            return web.Response(status=403, text="control request without header x-polar-control")
+
+        app = web.Application()
+        app.router.add_route("*", SYNC_PATH, refuse)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        return self
+
+
+class FullModel:
+    """Stands in for a full (non-PEFT) model: the callback calls `save_pretrained`."""
+
+    def save_pretrained(self, path, safe_serialization=True):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "config.json").write_text("{}")
+
+
+def test_proxy_refusal_names_the_secret_option(tmp_path):
+    """A secured proxy's 403 names polar-train's --sync_secret_file; the version probe at train begin
+    already fails with it, before the first (long) training step."""
+    with SecuredProxy() as srv:
+        cb = WeightSyncCallback(f"http://127.0.0.1:{srv.port}", save_dir=tmp_path, mode="proxy")
+        with pytest.raises(WeightSyncError, match=r"HTTP 403: control request without.*--sync_secret_file FILE"):
+            cb.initial_version()
+        with pytest.raises(WeightSyncError, match=r"HTTP 403.*--sync_secret_file FILE") as info:
+            cb.sync(FullModel(), None, 1)
+        assert info.value.status == 403
+        wrong = WeightSyncCallback(f"http://127.0.0.1:{srv.port}", save_dir=tmp_path, mode="proxy",
+                                   control_secret="s" * 43)
+        with pytest.raises(WeightSyncError, match=r"is not the proxy's"):
+            wrong.initial_version()
+    assert [r["method"] for r in srv.requests] == ["GET", "POST", "GET"]
+
+
 class AdapterModel:
     """Stands in for a PEFT model: what the callback uses is `peft_config` and `save_pretrained`."""
 
