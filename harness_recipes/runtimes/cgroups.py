@@ -151,53 +151,29 @@ class CgroupTree:
             _rmdir(p)
 
 
-class EpisodeCgroup:
-    """One episode's cgroup (one per controller on v1), with its limits written before anything runs."""
+class CgroupView:
+    """Reading and emptying a cgroup (one directory per controller on v1, one on v2): its limit events
+    (OOM kills, refused forks) and its processes."""
 
-    def __init__(self, tree: CgroupTree, name: str):
-        self.version, self.limits = tree.version, tree.limits
-        self.by_ctrl = {c: p / name for c, p in tree.parents.items()}  # v2: one, under ''
-        self.dirs = list(self.by_ctrl.values())
-        for d in self.dirs:
-            try:
-                d.mkdir()
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise CgroupError(f"cannot create the cgroup {d}: {e.strerror or e}") from None
-        try:
-            self._set_limits()
-        except BaseException:
-            self.remove()
-            raise
-        # The files a pid is written into, opened in the child before it runs bubblewrap: joining
-        # happens before the sandbox exists, so nothing in it ever runs without its limits.
-        self.procs = [str(d / "cgroup.procs") for d in self.dirs]
+    def __init__(self, version: int, by_ctrl: dict[str, Path], limits: Limits):
+        self.version, self.by_ctrl, self.limits = version, by_ctrl, limits  # v2: one directory, under ''
+        self.dirs = list(dict.fromkeys(by_ctrl.values()))
 
-    def _set_limits(self) -> None:
-        lim = self.limits
-        if self.version == 2:
-            d = self.dirs[0]
-            if lim.memory:
-                _write(d / "memory.max", str(lim.memory))
-                if (d / "memory.swap.max").exists():
-                    _write(d / "memory.swap.max", "0")  # the limit is RAM: no paging out past it
-            if lim.pids:
-                _write(d / "pids.max", str(lim.pids))
-            if lim.cpus:
-                _write(d / "cpu.max", f"{int(lim.cpus * CFS_PERIOD)} {CFS_PERIOD}")
-            return
-        if lim.memory:
-            d = self.by_ctrl["memory"]
-            _write(d / "memory.limit_in_bytes", str(lim.memory))
-            if (d / "memory.memsw.limit_in_bytes").exists():  # with swap accounting: no swap past it either
-                _write(d / "memory.memsw.limit_in_bytes", str(lim.memory))
-        if lim.pids:
-            _write(self.by_ctrl["pids"] / "pids.max", str(lim.pids))
-        if lim.cpus:
-            d = self.by_ctrl["cpu"]
-            _write(d / "cpu.cfs_period_us", str(CFS_PERIOD))
-            _write(d / "cpu.cfs_quota_us", str(int(lim.cpus * CFS_PERIOD)))
+    @classmethod
+    def of_pid(cls, pid: int, limits: Limits) -> CgroupView | None:
+        """The cgroup a process is in (a docker container's init), when this host's cgroup filesystem
+        shows it; None otherwise (a remote docker engine, another cgroup namespace)."""
+        own = own_cgroups(pid)
+        if not own:
+            return None
+        root2 = v2_root()
+        if set(own) == {""} and root2 is not None:
+            d = root2 / own[""].lstrip("/")
+            return cls(2, {"": d}, limits) if d.is_dir() else None
+        mounts = v1_mounts()
+        by_ctrl = {c: mounts[c] / own[c].lstrip("/") for c in ("memory", "pids") if c in own and c in mounts}
+        by_ctrl = {c: d for c, d in by_ctrl.items() if d.is_dir()}
+        return cls(1, by_ctrl, limits) if by_ctrl else None
 
     def _file(self, ctrl: str, v1: str, v2: str) -> Path | None:
         if self.version == 2:
@@ -229,16 +205,17 @@ class EpisodeCgroup:
     def pids(self) -> list[int]:
         return sorted({int(p) for d in self.dirs for p in _read(d / "cgroup.procs").split()})
 
-    def kill(self) -> None:
-        """Kill every process in the cgroup (a fork bomb included: under its pids limit it cannot outrun us)."""
-        if self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+    def kill(self, spare: frozenset[int] = frozenset()) -> None:
+        """Kill every process in the cgroup but ``spare`` (a container's init), a fork bomb included:
+        under its pids limit it cannot outrun us."""
+        if not spare and self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
             try:
                 (self.dirs[0] / "cgroup.kill").write_text("1")
                 return
             except OSError:
                 pass
         for _ in range(100):
-            pids = self.pids()
+            pids = [p for p in self.pids() if p not in spare]
             if not pids:
                 return
             for p in pids:
@@ -247,6 +224,53 @@ class EpisodeCgroup:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.01)
+
+
+class EpisodeCgroup(CgroupView):
+    """One episode's cgroup (one per controller on v1), with its limits written before anything runs."""
+
+    def __init__(self, tree: CgroupTree, name: str):
+        super().__init__(tree.version, {c: p / name for c, p in tree.parents.items()}, tree.limits)
+        for d in self.dirs:
+            try:
+                d.mkdir()
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise CgroupError(f"cannot create the cgroup {d}: {e.strerror or e}") from None
+        try:
+            self._set_limits()
+        except BaseException:
+            self.remove()
+            raise
+        # The files a pid is written into, by the child before it runs bubblewrap: joining happens
+        # before the sandbox exists, so nothing in it ever runs without its limits.
+        self.procs = [str(d / "cgroup.procs") for d in self.dirs]
+
+    def _set_limits(self) -> None:
+        lim = self.limits
+        if self.version == 2:
+            d = self.dirs[0]
+            if lim.memory:
+                _write(d / "memory.max", str(lim.memory))
+                if (d / "memory.swap.max").exists():
+                    _write(d / "memory.swap.max", "0")  # the limit is RAM: no paging out past it
+            if lim.pids:
+                _write(d / "pids.max", str(lim.pids))
+            if lim.cpus:
+                _write(d / "cpu.max", f"{int(lim.cpus * CFS_PERIOD)} {CFS_PERIOD}")
+            return
+        if lim.memory:
+            d = self.by_ctrl["memory"]
+            _write(d / "memory.limit_in_bytes", str(lim.memory))
+            if (d / "memory.memsw.limit_in_bytes").exists():  # with swap accounting: no swap past it either
+                _write(d / "memory.memsw.limit_in_bytes", str(lim.memory))
+        if lim.pids:
+            _write(self.by_ctrl["pids"] / "pids.max", str(lim.pids))
+        if lim.cpus:
+            d = self.by_ctrl["cpu"]
+            _write(d / "cpu.cfs_period_us", str(CFS_PERIOD))
+            _write(d / "cpu.cfs_quota_us", str(int(lim.cpus * CFS_PERIOD)))
 
     def remove(self) -> None:
         self.kill()

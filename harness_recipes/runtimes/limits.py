@@ -53,7 +53,7 @@ class Limits:
     cpus: float = 2.0
     disk: int = 8 << 30  # bytes the agent may write: workspace, home, /tmp, the container's writable layer
     # how often the disk watchdog measures the writable paths (seconds)
-    disk_poll: float = 1.0
+    disk_poll: float = 2.0
 
     def __post_init__(self):
         if self.memory and self.memory < 16 << 20:

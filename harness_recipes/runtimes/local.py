@@ -199,7 +199,8 @@ class LocalSandbox(Sandbox):
         ident, argv = identity_args(argv)
         binds = [*self.binds, self.workspace, self.home]
         return ["bwrap", *_system_args(), "--proc", "/proc", *hidden, "--dev", "/dev", *tmp, "--perms", "1777",
-                "--tmpfs", "/tmp", "--dir", "/run", *_open_parents(binds), *ro, "--bind", self.workspace, self.workspace, "--bind", self.home, self.home, *api,
+                "--tmpfs", "/tmp", "--dir", "/run", *_open_parents(binds), *ro,
+                "--bind", self.workspace, self.workspace, "--bind", self.home, self.home, *api,
                 *NAMESPACES, *ident, "--hostname", "sandbox", "--new-session", "--die-with-parent", *filt,
                 "--chdir", cwd, "--", *argv]
 
