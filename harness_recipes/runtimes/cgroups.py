@@ -20,7 +20,7 @@ import signal
 import time
 from pathlib import Path
 
-from .limits import Limits, human
+from harness_recipes.recipes.limits import Limits, human
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CFS_PERIOD = 100_000  # microseconds: the CPU share is quota per this period

@@ -44,6 +44,7 @@ import uuid
 from pathlib import Path
 
 from harness_recipes.docker_engine import docker_client
+from harness_recipes.recipes.limits import Limits
 from harness_recipes.tasks.swebench.images import image_path, task_image
 from harness_recipes.tasks.task_file import Task
 
@@ -52,7 +53,7 @@ from .api_socket import SANDBOX_DIR, ApiSocket
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
 from .cgroups import CgroupView
 from .file_tree import ObjectStore, Snapshot, snapshot_tar
-from .limits import LimitHit, Limits, disk_reason, disk_usage
+from .limits import LimitHit, disk_reason, disk_usage
 from .local import ETC_HIDDEN
 
 IMAGE = "polar-rollout-base:2"

@@ -39,12 +39,13 @@ import time
 from pathlib import Path
 
 from harness_recipes.cache import install_prefix
+from harness_recipes.recipes.limits import Limits
 from harness_recipes.tasks.task_file import Task
 
 from .api_socket import SANDBOX_DIR, ApiSocket
 from .base import ExecResult, Runtime, Sandbox, populate_workspace, run_process
 from .cgroups import CgroupError, CgroupTree, EpisodeCgroup
-from .limits import Limits, disk_reason, disk_usage
+from .limits import disk_reason, disk_usage
 from .seccomp_filter import SeccompError, seccomp_fd
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
