@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 
 from harness_recipes.cache import install_prefix
@@ -59,7 +60,18 @@ AS_ROOT = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SET
 DROP = ("setpriv", "--reuid", str(SANDBOX_UID), "--regid", str(SANDBOX_GID), "--clear-groups", "--inh-caps=-all",
         "--bounding-set=-all", "--no-new-privs", "--")
 # A node not running as root: its own uid, as uid 1000 of a user namespace.
-AS_USER = ("--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns", "--cap-drop", "ALL")
+AS_USER = ("--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL")
+
+
+@cache
+def bwrap_supports(option: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (--size and --disable-userns came with 0.7 and 0.8;
+    without them /tmp is bounded by the memory limit only, and new user namespaces by seccomp only)."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    return option in out.stdout + out.stderr
 # The kernel keyring's listing: host users' key descriptions (and ids to ask keyctl for) otherwise.
 PROC_HIDDEN = ("/proc/keys", "/proc/key-users")
 HOW_TO_GET = ("install bubblewrap (apt-get install -y bubblewrap) where user namespaces are allowed, or use "
@@ -140,7 +152,7 @@ def identity_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(bubblewrap's identity options, the command) so that the agent is not root on the host."""
     if sandbox_owner() is not None:
         return list(AS_ROOT), [*DROP, *argv]
-    return list(AS_USER), argv
+    return [*AS_USER, *(["--disable-userns"] if bwrap_supports("--disable-userns") else [])], argv
 
 
 def bwrap_problem() -> str:
@@ -195,7 +207,7 @@ class LocalSandbox(Sandbox):
         ro = [a for p in self.binds for a in ("--ro-bind", p, p)]
         api = ["--ro-bind", str(self.api.dir), SANDBOX_DIR] if self.api is not None else []
         hidden = [a for p in PROC_HIDDEN if Path(p).exists() for a in ("--ro-bind", "/dev/null", p)]
-        tmp = ["--size", str(self.limits.disk)] if self.limits.disk else []
+        tmp = ["--size", str(self.limits.disk)] if self.limits.disk and bwrap_supports("--size") else []
         filt = ["--seccomp", str(seccomp)] if seccomp is not None else []
         ident, argv = identity_args(argv)
         binds = [*self.binds, self.workspace, self.home]
