@@ -25,7 +25,7 @@ EPISODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # Statuses. Terminal ones are skipped on resume; the others are retried under a new attempt id.
 DONE, TIMEOUT, CRASHED, EVAL_ERROR = "done", "timeout", "crashed", "eval_error"
 ERROR, INTERRUPTED = "error", "interrupted"
-# The sandbox reached one of its limits (memory, processes, disk: runtimes/limits.py) and was stopped;
+# The sandbox reached one of its limits (memory, processes, disk: recipes/limits.py) and was stopped;
 # the record's error says which. The agent's doing, like a crash: graded, kept, not retried.
 RESOURCE_LIMIT = "resource_limit"
 TERMINAL = (DONE, TIMEOUT, CRASHED, EVAL_ERROR, RESOURCE_LIMIT)

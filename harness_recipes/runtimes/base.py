@@ -28,7 +28,7 @@ class ExecResult:
     stderr: bytes
     timed_out: bool
     seconds: float
-    # '' or which resource limit stopped the command (limits.py): the episode then ends as resource_limit
+    # '' or which resource limit stopped the command (recipes/limits.py): the episode then ends as resource_limit
     limit: str = ""
 
 

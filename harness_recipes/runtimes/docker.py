@@ -18,7 +18,7 @@ a per-episode Unix socket (api_socket.py) in a directory mounted read-only at /r
 harness runs behind the inner forwarder (the container's own python3: an image without one fails the
 episode, saying so). No capabilities, no-new-privileges; /etc less its secrets.
 
-Limits (limits.py): docker's own flags: --memory (and --memory-swap at the same value: no swap past
+Limits (recipes/limits.py): docker's own flags: --memory (and --memory-swap at the same value: no swap past
 it), --cpus, --pids-limit; disk: --storage-opt size= where the engine's storage driver supports it
 (overlay2 on xfs with pquota, btrfs, zfs), else a disk watchdog over the container's writable layer
 (docker's SizeRw) and the episode's bind-mounted workspace and home; /tmp is a tmpfs of at most the

@@ -15,16 +15,16 @@ bubblewrap user namespace would not do here: bubblewrap maps the sandbox's uid t
 agent would still be uid 0 on the host.) A node not running as root: a user namespace
 (--unshare-user) maps the agent, uid/gid 1000 inside, to the node's own unprivileged uid. A seccomp
 filter (seccomp_filter.py) refuses the keyring, ptrace, new namespaces, mounts, eBPF and the like;
-/proc/keys and /proc/key-users are hidden (empty).
+/proc/keys and /proc/key-users are hidden (/dev/null over them: unreadable, as the hidden /etc files).
 
-Limits (limits.py): each episode runs in a cgroup of its own (cgroups.py: memory, process count, CPU
+Limits (recipes/limits.py): each episode runs in a cgroup of its own (cgroups.py: memory, process count, CPU
 share), joined before bubblewrap starts; /tmp is a tmpfs of at most the disk limit; the workspace
 and home are measured by a watchdog every disk_poll seconds, no single file may outgrow the disk
 limit (RLIMIT_FSIZE). A command that reaches a limit is killed at once and its ExecResult says which.
 
 No silent fallback: without a working bubblewrap the runtime refuses to start (isolation auto or
 bwrap). Only an explicit isolation none runs the harness as a plain process group on the host's
-network, with a warning, and every episode it runs is marked isolation=none.
+network, with a warning, and every episode it runs is marked isolation=none; it has no limits either.
 """
 from __future__ import annotations
 
