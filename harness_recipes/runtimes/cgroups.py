@@ -15,6 +15,7 @@ to start unless every limit is 0 (LocalRuntime).
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import time
@@ -95,6 +96,8 @@ class CgroupTree:
         self.limits = limits
         self.wanted = _wanted(limits)
         self.version, self.parents = self._make_parents()
+        # A runtime whose shutdown() never ran (a test, a crash) still leaves no empty cgroup behind.
+        atexit.register(self.remove)
 
     def _make_parents(self) -> tuple[int, dict[str, Path]]:
         name = f"polar-{os.getpid()}"
