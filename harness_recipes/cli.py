@@ -36,6 +36,8 @@ from harness_recipes.node.run_metrics import REPORT_TO, RunMetrics
 from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.node.tb_events import EventWriter
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
+from harness_recipes.recipes.limits import Limits as SandboxLimits
+from harness_recipes.recipes.limits import human, parse_limits
 from harness_recipes.recipes.recipe import RecipeError, bundled_names, load_recipe
 from harness_recipes.runtimes import make_runtime
 from harness_recipes.runtimes.file_tree import Budget
@@ -45,8 +47,33 @@ from polar_contracts.control import OPEN, read_secret_file
 from trainer.ray_join import RayJoinError
 
 
+def _default(name: str) -> str:
+    value = getattr(SandboxLimits(), name)
+    return human(value) if name in ("memory", "disk") else str(value)
+
+
+def _limit_option(ctx, param, value):
+    """Keeps a sandbox limit given on the command line in ctx.meta (read by _runtime_opts), checked now."""
+    if value is not None:
+        try:
+            parse_limits({param.name: value}, f"--{param.name}")
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        ctx.meta.setdefault("polar_limits", {})[param.name] = value
+    return value
+
+
 def runtime_options(f):
-    """--runtime and --isolation, the same for run, fleet and attack."""
+    """--runtime, --isolation and the sandbox limits, the same for run, fleet and attack."""
+    for name, metavar, what in reversed([
+            ("memory", "SIZE", "each sandbox's memory (RAM, no swap past it), e.g. 4g"),
+            ("pids", "N", "processes and threads at once in each sandbox"),
+            ("cpus", "CORES", "each sandbox's CPU share, in cores' worth of time, e.g. 2"),
+            ("disk", "SIZE", "what each sandbox may write (workspace, home, /tmp, a container's layer), e.g. 8g")]):
+        f = click.option(f"--{name}", metavar=metavar, default=None, expose_value=False, callback=_limit_option,
+                         help=f"{what}; 0: no limit [default: the recipe's [limits], else {_default(name)}]. "
+                              + ("A sandbox past it is slowed down, never stopped" if name == "cpus" else
+                                 "A sandbox that reaches it is stopped: the episode ends as resource_limit"))(f)
     f = click.option("--isolation", type=click.Choice(["auto", "bwrap", "none"]), default="auto", show_default=True,
                      help="local runtime: bubblewrap sandbox (auto refuses to start without one); none: UNSANDBOXED, "
                           "every episode marked so. The docker runtime is always isolated (--network none)")(f)
@@ -171,7 +198,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
     opts = _runtime_opts(runtime, isolation, keep=keep_workspaces)
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
     try:
-        rt = make_runtime(runtime, workdir=str(work), **opts)
+        rt = make_runtime(runtime, workdir=str(work), recipe_limits=rec.limits, **opts)
         metrics_dir = None if report_to == "none" else Path(logging_dir or Path(out) / "runs")
         code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
                                 Path(logdir), Path(out), limits, recon, not no_progress, metrics_dir))
@@ -413,12 +440,17 @@ def _check_proxy_control(settings: ep.Settings, allow_open: bool) -> None:
 
 
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
+    # The sandbox limits given on the command line (runtime_options), over the recipe's [limits]
+    # (make_runtime's recipe_limits) over the defaults.
+    ctx = click.get_current_context(silent=True)
+    limits = dict(ctx.meta.get("polar_limits", {})) if ctx is not None else {}
+    extra = {"limits": limits} if limits else {}
     if runtime == "local":
-        return {"isolation": isolation, "keep": keep} if keep else {"isolation": isolation}
+        return {"isolation": isolation, "keep": keep, **extra} if keep else {"isolation": isolation, **extra}
     if isolation == "none":
         raise click.UsageError("--runtime docker is always isolated (--network none); to run unsandboxed, "
                                "use --runtime local --isolation none")
-    return {}
+    return extra
 
 
 def _check_runtime(tasks, runtime: str) -> None:
@@ -530,7 +562,7 @@ def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy
     work.mkdir(parents=True, exist_ok=True)
     Path(logdir).mkdir(parents=True, exist_ok=True)
     try:
-        rt = make_runtime(runtime, workdir=str(work), **_runtime_opts(runtime, isolation))
+        rt = make_runtime(runtime, workdir=str(work), recipe_limits=rec.limits, **_runtime_opts(runtime, isolation))
         verdicts = asyncio.run(run_suite(Deployment(rec, exe, rt, settings, tasks[0], Path(logdir), Path(out),
                                                     server=server, checkout=Path(checkout or os.getcwd()),
                                                     via_harness=via_harness)))

@@ -17,6 +17,8 @@ class ExecResult:
     stderr: bytes
     timed_out: bool
     seconds: float
+    # '' or which resource limit stopped the command (recipes/limits.py): the episode then ends as resource_limit
+    limit: str = ""
 
 
 class Commands(Protocol):

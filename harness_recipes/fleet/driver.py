@@ -175,7 +175,7 @@ class RolloutNode:
                                    control_secret=pool.secret)
             if cfg.api_key:
                 settings.api_key = cfg.api_key
-            runtime = make_runtime(cfg.runtime, workdir=str(work), **cfg.runtime_opts)
+            runtime = make_runtime(cfg.runtime, workdir=str(work), recipe_limits=recipe.limits, **cfg.runtime_opts)
             self.pipeline = pipe = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
             running: dict[asyncio.Task, tuple[Group, Job]] = {}
             self.note = "running"

@@ -25,7 +25,10 @@ EPISODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # Statuses. Terminal ones are skipped on resume; the others are retried under a new attempt id.
 DONE, TIMEOUT, CRASHED, EVAL_ERROR = "done", "timeout", "crashed", "eval_error"
 ERROR, INTERRUPTED = "error", "interrupted"
-TERMINAL = (DONE, TIMEOUT, CRASHED, EVAL_ERROR)
+# The sandbox reached one of its limits (memory, processes, disk: recipes/limits.py) and was stopped;
+# the record's error says which. The agent's doing, like a crash: graded, kept, not retried.
+RESOURCE_LIMIT = "resource_limit"
+TERMINAL = (DONE, TIMEOUT, CRASHED, EVAL_ERROR, RESOURCE_LIMIT)
 
 
 def episode_id(task_id: str, sample: int, attempt: int) -> str:
@@ -122,6 +125,8 @@ async def run_harness(recipe: Recipe, sandbox: Sandbox, values: dict[str, str], 
 
 
 def harness_status(res: ExecResult) -> str:
+    if res.limit:
+        return RESOURCE_LIMIT
     if res.timed_out:
         return TIMEOUT
     return DONE if res.rc == 0 else CRASHED

@@ -20,6 +20,7 @@ from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.records import Records
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
+from harness_recipes.runtimes.limits import LimitHit
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.log import end_record as end
 from polar_contracts.log.end_record import read_head
@@ -171,6 +172,9 @@ class Pipeline:
             rec.update(status=ep.INTERRUPTED, reward=0.0, error="interrupted (Ctrl-C or shutdown)")
             await self._end_quietly(job)
             raise
+        except LimitHit as e:  # the sandbox was stopped at a limit and could not be read afterwards
+            rec.update(status=ep.RESOURCE_LIMIT, reward=0.0, error=e.reason)
+            await self._end_quietly(job)
         except Exception as e:  # an infrastructure failure: record it, keep the other episodes going
             rec.update(status=ep.ERROR, reward=0.0, error=f"{type(e).__name__}: {e}"[:2000])
             await self._end_quietly(job)
@@ -191,6 +195,8 @@ class Pipeline:
     def _note_harness(self, job: Job, res) -> None:
         job.record.update(status=ep.harness_status(res), harness_rc=res.rc, harness_seconds=round(res.seconds, 3),
                           harness_stderr_tail=ep.tail(res.stderr))
+        if res.limit:  # which limit, and how far it went (resource_limit)
+            job.record["error"] = res.limit
         ep.save_output(self.records.episode_dir(job.eid), "harness", res)
 
     async def _evaluate(self, job: Job, sandbox: Sandbox) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 from polar_contracts.auxiliary import AuxiliaryRuleError, parse_rule
 
+from .limits import Limits
+
 APIS = ("chat", "completions", "responses", "messages", "gemini")
 INSTALL_KINDS = ("npm", "pip", "none")
 EPISODE_VIA = ("header", "path")
@@ -76,6 +78,9 @@ class Recipe:
     # call the model themselves (a native binary behind a node launcher, a relaunched CLI). Everything
     # else the harness starts, its shell tool's commands included, is refused (inner_forwarder.py).
     model_callers: tuple[str, ...] = ()
+    # [limits]: this harness's sandbox limits where the defaults do not suit it (limits.py: memory,
+    # pids, cpus, disk), as written; the command line overrides them.
+    limits: dict[str, Any] = field(default_factory=dict)
 
     def render(self, template: str, values: dict[str, str], where: str) -> str:
         return render(template, values, f"{self.source}: {where}")
@@ -145,7 +150,7 @@ def _install(table: dict, where: str) -> Install:
     )
 
 
-TOP_KEYS = {"name", "description", "api", "quiet", "install", "episode", "env", "files", "run", "auxiliary"}
+TOP_KEYS = {"name", "description", "api", "quiet", "install", "episode", "env", "files", "run", "auxiliary", "limits"}
 RUN_KEYS = {"argv", "stdin", "model_callers"}
 
 
@@ -184,6 +189,11 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
                                                 for c in callers):
         raise RecipeError(f"{where} [run].model_callers: a list of executable names (letters, digits, . _ + -), "
                           f"got {callers!r}")
+    limits = data.get("limits", {})
+    try:
+        Limits().merged(_need(data, "limits", dict, where) if "limits" in data else {})
+    except ValueError as exc:
+        raise RecipeError(f"{where} [limits]: {exc}") from None
     recipe = Recipe(
         name=_need(data, "name", str, where),
         description=data.get("description", ""),
@@ -199,6 +209,7 @@ def parse_recipe(data: dict, source: Path) -> Recipe:
         auxiliary=aux,
         source=source,
         model_callers=tuple(callers),
+        limits=dict(limits),
     )
     if not recipe.argv:
         raise RecipeError(f"{where} [run].argv: empty command line")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from harness_recipes.execution import ExecResult
@@ -35,6 +36,9 @@ class Sandbox(ABC):
     # "built" (built here: Polar's venv); it picks the eval script's activation (eval_script.py).
     image: str = ""
     image_path: str = ""
+    # The host uid/gid the agent runs as when it is not the node's (a root node's bubblewrap sandbox):
+    # files the node writes for it (config files) are handed to it, or the harness could not change them.
+    owner: tuple[int, int] | None = None
 
     def api_base(self, proxy: str) -> str:
         """The proxy's base URL as the harness inside sees it."""
@@ -56,8 +60,12 @@ class Sandbox(ABC):
         p = Path(path)
         if not p.resolve().is_relative_to(self.root.resolve()):
             raise ValueError(f"refusing to write {path} outside the episode directory {self.root}")
+        new_dirs = [d for d in (p.parent, *p.parent.parents) if not d.exists()]
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(content)
+        if self.owner is not None:
+            for q in (p, *new_dirs):
+                os.lchown(q, *self.owner)
 
     @abstractmethod
     async def exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> ExecResult: ...
@@ -137,17 +145,32 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
     return bytes(buf)
 
 
-async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd: str | None) -> ExecResult:
-    """Run argv in its own process group; on timeout or cancel, kill the whole group (TERM, then KILL)."""
+# A limit check while a command runs: '' while within limits, else the reason to stop it.
+Watch = Callable[[], Awaitable[str]]
+
+
+async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd: str | None,
+                      watch: Watch | None = None, poll: float = 0.5, **spawn) -> ExecResult:
+    """Run argv in its own process group; on timeout or cancel, kill the whole group (TERM, then KILL).
+    ``watch``, when given, is asked every ``poll`` seconds: a reason ends the command at once (KILL)
+    and comes back as ExecResult.limit. ``spawn``: more of create_subprocess_exec's arguments
+    (preexec_fn, pass_fds)."""
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
+        start_new_session=True, **spawn,
     )
     readers = asyncio.gather(_read_capped(proc.stdout, OUTPUT_CAP), _read_capped(proc.stderr, OUTPUT_CAP))
     timed_out = False
+    limit = ""
     try:
-        await asyncio.wait_for(proc.wait(), timeout)
+        if watch is None:
+            await asyncio.wait_for(proc.wait(), timeout)
+        else:
+            limit = await _wait_watched(proc, timeout, watch, poll)
+            if limit:
+                kill_group(proc.pid, signal.SIGKILL)  # a bomb gets no grace period
+                await proc.wait()
     except TimeoutError:
         timed_out = True
     except BaseException:  # cancelled (Ctrl-C): kill, then let the cancel go on
@@ -162,8 +185,29 @@ async def run_process(argv: list[str], env: dict[str, str], timeout: float, cwd:
     # The group may outlive its leader (a background child): make sure nothing of it survives.
     kill_group(proc.pid, signal.SIGKILL)
     out, err = await readers
-    rc = None if timed_out else proc.returncode
-    return ExecResult(rc=rc, stdout=out, stderr=err, timed_out=timed_out, seconds=time.monotonic() - t0)
+    if watch is not None and not limit and not timed_out:
+        limit = await watch()  # a limit reached just before the end (an OOM kill that ended the command)
+    rc = None if timed_out or limit else proc.returncode
+    return ExecResult(rc=rc, stdout=out, stderr=err, timed_out=timed_out, seconds=time.monotonic() - t0, limit=limit)
+
+
+async def _wait_watched(proc: asyncio.subprocess.Process, timeout: float, watch: Watch, poll: float) -> str:
+    """Wait for proc like wait_for(proc.wait(), timeout), asking watch every poll seconds; its reason, or ''."""
+    deadline = time.monotonic() + timeout
+    waiter = asyncio.ensure_future(proc.wait())
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({waiter}, timeout=min(poll, left))
+            if done:
+                return ""
+            reason = await watch()
+            if reason:
+                return reason
+    finally:
+        waiter.cancel()
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:

@@ -16,8 +16,18 @@ of why: the episode ends as an infrastructure error, not as the harness's failur
 Network: `none`, always: the container has only its own loopback. The model API comes in through
 a per-episode Unix socket (api_socket.py) in a directory mounted read-only at /run/polar, and the
 harness runs behind the inner forwarder (the container's own python3: an image without one fails the
-episode, saying so). No capabilities, no-new-privileges; /etc less its secrets. Limits: memory,
-CPUs, pids. Cleanup: every container carries a per-run label; close() removes it (force), and
+episode, saying so). No capabilities, no-new-privileges; /etc less its secrets.
+
+Limits (recipes/limits.py): docker's own flags: --memory (and --memory-swap at the same value: no swap past
+it), --cpus, --pids-limit; disk: --storage-opt size= where the engine's storage driver supports it
+(overlay2 on xfs with pquota, btrfs, zfs), else a disk watchdog over the container's writable layer
+(docker's SizeRw) and the episode's bind-mounted workspace and home; /tmp is a tmpfs of at most the
+disk limit and no file may outgrow it (ulimit fsize) either way. While a command runs, its limits are
+watched (the container's cgroup, when this host's cgroup filesystem shows it: OOM kills, refused
+forks); a command that reaches one is stopped, every process of the container but its init killed, and
+its ExecResult says which limit: the episode ends as resource_limit.
+
+Cleanup: every container carries a per-run label; close() removes it (force), and
 shutdown() sweeps any container of the run still there, whatever path the run left by.
 """
 from __future__ import annotations
@@ -28,18 +38,22 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 
 from harness_recipes.docker_engine import docker_client
+from harness_recipes.recipes.limits import Limits
 from harness_recipes.tasks.swebench.images import image_path, task_image
 from harness_recipes.tasks.task_file import Task
 
 from ..cache import install_prefix
 from .api_socket import SANDBOX_DIR, ApiSocket
 from .base import OUTPUT_CAP, ExecResult, Runtime, Sandbox, populate_workspace
+from .cgroups import CgroupView
 from .file_tree import ObjectStore, Snapshot, snapshot_tar
+from .limits import LimitHit, disk_reason, disk_usage
 from .local import ETC_HIDDEN
 
 IMAGE = "polar-rollout-base:2"
@@ -82,7 +96,7 @@ def ensure_image(client) -> str:
 
 class DockerSandbox(Sandbox):
     def __init__(self, client, container, root: Path, workspace: str | None = None, node_dir: str | None = None,
-                 image: str = ""):
+                 image: str = "", limits: Limits | None = None, disk_by_driver: bool = False):
         self.client, self.container, self.root = client, container, root
         self.workspace = workspace or str(root / "workspace")
         self.home = str(root / "home")
@@ -90,6 +104,12 @@ class DockerSandbox(Sandbox):
         self.isolation = "docker"
         if node_dir:
             self.node_dir = node_dir  # the scheduler puts it first on the harness's PATH
+        self.limits = limits or Limits()
+        self.disk_by_driver = disk_by_driver  # the writable layer's size is the storage driver's to bound
+        self.limit_hit = ""  # the limit that stopped a command: the episode's end reason
+        self._cgroup: CgroupView | None = None
+        self._init_pid: int | None = None
+        self._spare: frozenset[int] = frozenset()  # the container's own processes: its init and sleeper
         self._closed = False
 
     def _exec(self, argv: list[str], env: dict[str, str], timeout: float, cwd: str) -> ExecResult:
@@ -97,10 +117,25 @@ class DockerSandbox(Sandbox):
         t0 = time.monotonic()
         # coreutils timeout runs the command in its own process group and kills the whole group.
         wrapped = ["timeout", "-k", "3", f"{timeout:.3f}", *argv]
+        if (view := self._view()) is not None:
+            view.mark()  # limit events from this command on
+        stop = threading.Event()
+        hit: list[str] = []
+        watcher = threading.Thread(target=self._watch, args=(stop, hit), daemon=True)
+        watcher.start()
         try:
             res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
         except docker.errors.APIError as e:
+            if hit:  # the watcher stopped the container: the limit, not docker, ended the command
+                return self._limited(hit[0], t0)
             raise ContainerGone(self._why_gone(e)) from None
+        finally:
+            stop.set()
+            watcher.join()
+        if not hit and (reason := self._check()):  # an OOM kill that ended the command before the next look
+            hit.append(reason)
+        if hit:
+            return self._limited(hit[0], t0, res.output)
         if res.exit_code is None or res.exit_code == 137 and time.monotonic() - t0 < timeout and self._dead():
             raise ContainerGone(self._why_gone(None))
         out, err = res.output if res.output else (b"", b"")
@@ -108,6 +143,89 @@ class DockerSandbox(Sandbox):
         timed_out = res.exit_code in (124, 137) and seconds >= timeout
         return ExecResult(rc=None if timed_out else res.exit_code, stdout=(out or b"")[:OUTPUT_CAP],
                           stderr=(err or b"")[:OUTPUT_CAP], timed_out=timed_out, seconds=seconds)
+
+    def _limited(self, reason: str, t0: float, output=None) -> ExecResult:
+        self.limit_hit = reason
+        out, err = output if output else (b"", b"")
+        return ExecResult(rc=None, stdout=(out or b"")[:OUTPUT_CAP], stderr=(err or b"")[:OUTPUT_CAP],
+                          timed_out=False, seconds=time.monotonic() - t0, limit=reason)
+
+    # ---- limits, watched while a command runs ----------------------------------------------------
+
+    def _view(self) -> CgroupView | None:
+        """The container's cgroup on this host (found once, by its init's pid), or None."""
+        if self._init_pid is None:
+            try:
+                self.container.reload()
+                self._init_pid = int(self.container.attrs.get("State", {}).get("Pid") or 0)
+            except Exception:  # noqa: BLE001  (gone: nothing to watch, docker reports the death)
+                self._init_pid = 0
+            self._cgroup = CgroupView.of_pid(self._init_pid, self.limits) if self._init_pid else None
+            if self._cgroup is not None:
+                # Its init's children now are the container's own (`sleep infinity`): commands run by
+                # exec are the engine's children, though orphans of theirs are handed to the init later.
+                kids = Path(f"/proc/{self._init_pid}/task/{self._init_pid}/children")
+                try:
+                    self._spare = frozenset({self._init_pid, *map(int, kids.read_text().split())})
+                except OSError:
+                    self._spare = frozenset({self._init_pid})
+        return self._cgroup
+
+    def _disk_used(self) -> tuple[int, str]:
+        paths = [Path(self.home)] + ([Path(self.workspace)] if Path(self.workspace).is_dir() else [])
+        used = disk_usage(paths, self.limits.disk)
+        what = "the workspace and home"
+        if not self.disk_by_driver:
+            try:
+                size_rw = self.client.api.inspect_container(self.container.id, size=True).get("SizeRw") or 0
+            except Exception:  # noqa: BLE001  (gone: docker reports the death)
+                size_rw = 0
+            used += size_rw
+            what += " and the container's writable layer"
+        return used, what
+
+    def _check(self, disk: bool = False) -> str:
+        view = self._view()
+        if view is not None and (reason := view.hit()):
+            return reason
+        if not view and self._oom_killed():
+            return f"memory limit {self.limits.memory} bytes reached: docker reports the container OOM-killed"
+        if disk and self.limits.disk:
+            used, what = self._disk_used()
+            if used > self.limits.disk:
+                return disk_reason(used, self.limits.disk, what)
+        return ""
+
+    def _oom_killed(self) -> bool:
+        try:
+            self.container.reload()
+            return bool(self.container.attrs.get("State", {}).get("OOMKilled"))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _watch(self, stop: threading.Event, hit: list[str]) -> None:
+        """Every half second (the disk every disk_poll seconds): a limit reached stops the command."""
+        last_disk = 0.0
+        while not stop.wait(0.5):
+            disk = time.monotonic() - last_disk >= self.limits.disk_poll
+            if disk:
+                last_disk = time.monotonic()
+            if reason := self._check(disk):
+                hit.append(reason)
+                self._stop_all()
+                return
+
+    def _stop_all(self) -> None:
+        """Kill every process of the container but its init (the container lives on: its workspace is
+        read and graded); without its cgroup in sight, stop the container."""
+        view = self._view()
+        if view is not None:
+            view.kill(spare=self._spare)
+            return
+        try:
+            self.container.kill()
+        except Exception:  # noqa: BLE001  (already gone)
+            pass
 
     def _dead(self) -> bool:
         import docker
@@ -142,8 +260,10 @@ class DockerSandbox(Sandbox):
             import docker
             # The container's PID 1 sleeps forever: stopped now means it died under the harness (an
             # infrastructure failure, the episode's error), even when the harness's exec came back
-            # before docker reported the death.
+            # before docker reported the death; or we stopped it, at a limit.
             if self._dead():
+                if self.limit_hit:
+                    raise LimitHit(self.limit_hit)
                 raise ContainerGone(self._why_gone(None))
             try:
                 chunks, _ = self.container.get_archive(self.workspace)
@@ -224,12 +344,18 @@ class DockerRuntime(Runtime):
     # only its own episode directories mounted (no harness cache, no node), the agent's container removed.
     grading = "fresh-container"
 
-    def __init__(self, network: str = "none", memory: str = "4g", cpus: float = 2.0, pids: int = 1024,
-                 workdir: str | None = None, log=None):
+    def __init__(self, network: str = "none", memory: str | int | None = None, cpus: float | None = None,
+                 pids: int | None = None, workdir: str | None = None, log=None, limits: Limits | None = None):
         if network != "none":
             raise ValueError(f"docker network must be none, not {network!r}: a container reaches only its model "
                              "API, through the episode's Unix socket (no host network, no bridges)")
-        self.network, self.memory, self.cpus, self.pids = network, memory, cpus, pids
+        # memory, cpus, pids: the older way to give them, still taken; they win over ``limits``.
+        self.limits = (limits or Limits()).merged({"memory": memory, "cpus": cpus, "pids": pids})
+        self.network, self.memory, self.cpus, self.pids = (network, self.limits.memory, self.limits.cpus,
+                                                           self.limits.pids)
+        # --storage-opt size=: tried on the first container; an engine whose storage driver cannot
+        # (overlay2 not on xfs with pquota, vfs, ...) answers so, and the disk watchdog takes over.
+        self.disk_by_driver: bool | None = None if self.limits.disk else False
         self._python: dict[str, str] = {}  # image -> its python3, for the inner forwarder
         self.workdir = workdir
         self.client = docker_client()
@@ -272,14 +398,51 @@ class DockerRuntime(Runtime):
         binds = [f"{src}:{v['bind']}:{v['mode']}" for src, v in vols.items()]
         return binds + [f"/dev/null:{p}:ro" for p in _hidden_etc()["/dev/null"]]
 
+    def _limit_args(self, storage: bool) -> dict:
+        import docker
+        lim = self.limits
+        args: dict = {"pids_limit": lim.pids or -1}
+        if lim.memory:
+            args.update(mem_limit=lim.memory, memswap_limit=lim.memory)  # the same: no swap past the limit
+        if lim.cpus:
+            args["nano_cpus"] = int(lim.cpus * 1e9)
+        tmp = min(lim.disk, 512 << 20) if lim.disk else 512 << 20
+        args["tmpfs"] = {"/tmp": f"rw,size={tmp}"}
+        if lim.disk:
+            args["ulimits"] = [docker.types.Ulimit(name="fsize", soft=lim.disk, hard=lim.disk)]
+        if storage:
+            args["storage_opt"] = {"size": str(lim.disk)}
+        return args
+
     def _run(self, image: str, volumes, workdir: str, root: Path, eid: str):
-        return self.client.containers.run(
-            image, ["sleep", "infinity"], detach=True, network_mode="none",
-            mem_limit=self.memory, nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids,
-            volumes=volumes, working_dir=workdir, init=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            labels={LABEL: self.run_label, "polar.episode": eid}, tmpfs={"/tmp": "rw,size=512m"},
-            environment={"HOME": str(root / "home")}, hostname="sandbox",
-        )
+        import docker
+
+        def run(storage: bool):
+            return self.client.containers.run(
+                image, ["sleep", "infinity"], detach=True, network_mode="none", **self._limit_args(storage),
+                volumes=volumes, working_dir=workdir, init=True, cap_drop=["ALL"],
+                security_opt=["no-new-privileges"], labels={LABEL: self.run_label, "polar.episode": eid},
+                environment={"HOME": str(root / "home")}, hostname="sandbox",
+            )
+        if self.disk_by_driver is None:
+            try:
+                container = run(True)
+                self.disk_by_driver = True
+                return container
+            except docker.errors.APIError as e:
+                if "storage" not in str(e).lower() and "quota" not in str(e).lower():
+                    raise
+                self._remove_episode(eid)  # the container it created, if any, before trying without
+                self.disk_by_driver = False
+                self.log(f"docker: the storage driver cannot bound a container's writable layer ({str(e)[:200]}); "
+                         f"the disk limit ({self.limits.disk} bytes) is kept by a watchdog instead")
+        return run(self.disk_by_driver)
+
+    def _sandbox(self, container, root: Path, **kw) -> DockerSandbox:
+        sandbox = DockerSandbox(self.client, container, root, limits=self.limits,
+                                disk_by_driver=bool(self.disk_by_driver), **kw)
+        sandbox._view()  # its cgroup and own processes, found before anything else runs in it
+        return sandbox
 
     def _start(self, root: Path, eid: str, api: ApiSocket | None = None, grading: bool = False,
                harness_prefix: Path | None = None):
@@ -316,7 +479,7 @@ class DockerRuntime(Runtime):
             await asyncio.to_thread(populate_workspace, task, root / "workspace")
             api = await ApiSocket(upstream).start() if upstream is not None else None
             container = await asyncio.to_thread(self._start, root, episode_id, api, grading, harness_prefix)
-            sandbox = DockerSandbox(self.client, container, root, image=self.image)
+            sandbox = self._sandbox(container, root, image=self.image)
             return await self._with_api(sandbox, api)
         except BaseException:
             await self._abandon(episode_id, api, root)
@@ -351,7 +514,7 @@ class DockerRuntime(Runtime):
             api = await ApiSocket(upstream).start() if upstream is not None else None
             container = await asyncio.to_thread(self._start_instance, image, root, episode_id, api, grading,
                                                 harness_prefix)
-            sandbox = DockerSandbox(self.client, container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
+            sandbox = self._sandbox(container, root, workspace=WORKDIR, node_dir=NODE_DIR, image=image)
             sandbox.image_path = image_path(how)  # official (its conda env) | built (Polar's venv)
             return await self._with_api(sandbox, api)
         except BaseException:

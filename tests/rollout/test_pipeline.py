@@ -142,7 +142,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_hang_times_out_and_leaves_nothing_running(tmp_path, end_server, isolation):
-    pidfile = tmp_path / "pids"
+    # Under bubblewrap the agent (an unprivileged uid) writes only its workspace, home and private /tmp.
+    pidfile = tmp_path / "pids" if isolation == "none" else Path("/tmp/polar-hang-pids")
     _, (rec,), _ = run_pipeline(tmp_path, end_server, ["hang", str(pidfile)], timeout=2, isolation=isolation)
     assert rec["status"] == "timeout" and rec["harness_rc"] is None and rec["reward"] == 0.0
     if isolation == "none":  # under bwrap the pids are those of its own namespace
