@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trainer.is_correction import MODES
-from trainer.shard_rollout import POLICIES
+from trainer.config_choices import GROUP_SIZE_POLICIES, IS_MODES, REALIGN_IS, SYNC_MODES
 
 
 @dataclass
@@ -77,27 +76,27 @@ class PolarGRPOConfig(GRPOConfig):
         if self.use_vllm:
             raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "
                              "(importance sampling uses the recorded logprobs instead)")
-        if self.vllm_importance_sampling_mode not in MODES:
-            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {MODES}")
+        if self.vllm_importance_sampling_mode not in IS_MODES:
+            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {IS_MODES}")
         if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
                 and not self.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
-        if self.realign_is not in ("correct", "exempt"):
-            raise ValueError(f"realign_is {self.realign_is!r} not in ('correct', 'exempt')")
+        if self.realign_is not in REALIGN_IS:
+            raise ValueError(f"realign_is {self.realign_is!r} not in {REALIGN_IS}")
         for name in ("max_excluded_share", "max_realign_share"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1] or None, got {v}")
         if self.excluded_share_window < 1:
             raise ValueError(f"excluded_share_window must be >= 1 token, got {self.excluded_share_window}")
-        if self.group_size_policy not in POLICIES:
-            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
+        if self.group_size_policy not in GROUP_SIZE_POLICIES:
+            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {GROUP_SIZE_POLICIES}")
         if self.max_steps is None or self.max_steps <= 0:
             raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
         if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
             raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "proxy", "vllm_lora", "fleet"):  # (trainer/weight_sync.py)
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora', 'fleet')")
+        if self.sync_mode not in SYNC_MODES:  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in {SYNC_MODES}")
         self._check_save_alignment()
 
     def _check_save_alignment(self) -> None:

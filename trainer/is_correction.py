@@ -26,7 +26,9 @@ import math
 
 import torch
 
-MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from trainer.config_choices import IS_MODES
+
+MODES = IS_MODES  # the public name, kept
 
 
 def is_ratio(old_logps: torch.Tensor, behaviour_logps: torch.Tensor, mask: torch.Tensor, mode: str,
