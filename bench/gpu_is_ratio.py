@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, gen):
-    """(tokens (B,), processed logprobs of them (B,)): vLLM 0.32's sampler order, written here
+def vllm_processed(logits, temperature: float, top_k: int, top_p: float, min_p: float):
+    """The processed logits (kept tokens finite, the rest -inf) in vLLM 0.32's sampler order, written here
     independently of trainer/behaviour_logprobs.py."""
     import torch
 
@@ -54,6 +54,15 @@ def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: flo
         drop = vals.softmax(-1).cumsum(-1) <= 1 - top_p
         drop[:, -1] = False
         z = z.scatter(-1, idx, torch.where(drop, neg, vals))
+    return z
+
+
+def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, gen, processed=None):
+    """(tokens (B,), processed logprobs of them (B,)): vLLM 0.32's sampler (``random_sample``: argmax of
+    probs / q, q ~ Exp(1)). ``processed``: the output of ``vllm_processed`` when the caller has it."""
+    import torch
+
+    z = vllm_processed(logits, temperature, top_k, top_p, min_p) if processed is None else processed
     logp = z.log_softmax(-1)
     q = torch.empty_like(logp).exponential_(1.0, generator=gen)
     tok = (logp.exp() / q).argmax(-1)

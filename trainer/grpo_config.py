@@ -13,9 +13,19 @@ from trainer.config_choices import GROUP_SIZE_POLICIES, IS_MODES, REALIGN_IS, SY
 class PolarGRPOConfig(GRPOConfig):
     """GRPOConfig plus the shard stream. Importance sampling reuses TRL's own fields
     ``vllm_importance_sampling_correction`` (default True), ``vllm_importance_sampling_mode``
-    (token_truncate | token_mask | sequence_truncate | sequence_mask, default sequence_mask),
-    ``vllm_importance_sampling_clip_max`` (3.0) and ``vllm_importance_sampling_clip_min`` (None),
-    applied to the recorded behaviour logprobs with ``use_vllm=False``."""
+    (token_truncate | token_mask | sequence_truncate | sequence_mask; default token_truncate here, where
+    TRL's is sequence_mask: docs/training.md says why), ``vllm_importance_sampling_clip_max`` (3.0) and
+    ``vllm_importance_sampling_clip_min`` (None), applied to the recorded behaviour logprobs with
+    ``use_vllm=False``."""
+
+    # A sequence ratio multiplies every token's mismatch: on agent rows of thousands of tokens, bf16-level
+    # numerics alone take it out of any band (sequence_mask dropped 16-52% of 8k-token rows in issue 33's
+    # measurement); a truncated per-token ratio keeps every token at a weight near 1
+    # (docs/benchmarks/trainer.md, bench/bench_is_agent_rows.py).
+    vllm_importance_sampling_mode: str = field(default="token_truncate", metadata={
+        "help": "token_truncate (default: per-token ratio clamped to [clip_min, clip_max]) | token_mask | "
+        "sequence_truncate | sequence_mask (TRL's default; a product over the row: drops long agent rows on "
+        "numerics alone). Every token a mode gives weight 0 is counted in polar/excluded_share."})
 
     shards: str | None = field(default=None, metadata={
         "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
@@ -81,6 +91,16 @@ class PolarGRPOConfig(GRPOConfig):
         if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
                 and not self.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
+        if self.off_policy_mask_threshold is not None and not self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "off_policy_mask_threshold (TRL's off-policy sequence mask) compares the recorded behaviour logprobs "
+                "with the policy's full-softmax logprobs; polar's behaviour logprobs are those of the distribution "
+                "the server sampled from, which under top_k/top_p/min_p is truncated and renormalised, so the KL "
+                "it reads is the kept mass, not the staleness (0.02-0.09 per token on-policy), and it would drop "
+                "negative-advantage sequences for no reason. Without the correction the rows' sampling is not "
+                "resolved, so polar cannot check that they are untruncated: turn "
+                "vllm_importance_sampling_correction on (OPSM is then allowed on untruncated rows only) or unset "
+                "off_policy_mask_threshold")
         if self.realign_is not in REALIGN_IS:
             raise ValueError(f"realign_is {self.realign_is!r} not in {REALIGN_IS}")
         for name in ("max_excluded_share", "max_realign_share"):
