@@ -205,10 +205,16 @@ class PolarGRPOTrainer(GRPOTrainer):
         if realign.numel() != mask.size(0):
             raise RuntimeError(f"{realign.numel()} realign flags for {mask.size(0)} rows: the rollout and the batch "
                                "disagree")
-        exempt_tokens = int(train[realign].sum())
-        metrics["polar/is_realign_exempt_token_share"].append(exempt_tokens / n_train if n_train else 0.0)
-        metrics["polar/is_realign_exempt_rows"].append(int((realign & (train.sum(1) > 0)).sum()))
         args = self.args
+        # Realigned rows (a re-rendered context below the realign gate): corrected on the row's context
+        # (realign_is=correct) or exempt (ratio 1). The *_exempt_* metrics count only the rows really exempt.
+        realign_tokens = int(train[realign].sum())
+        realign_rows = int((realign & (train.sum(1) > 0)).sum())
+        exempt = args.realign_is == "exempt"
+        metrics["polar/is_realign_token_share"].append(realign_tokens / n_train if n_train else 0.0)
+        metrics["polar/is_realign_rows"].append(realign_rows)
+        metrics["polar/is_realign_exempt_token_share"].append(realign_tokens / n_train if n_train and exempt else 0.0)
+        metrics["polar/is_realign_exempt_rows"].append(realign_rows if exempt else 0)
         ratio, stats, lost = is_ratio_lost(old, behaviour, mask, args.vllm_importance_sampling_mode,
                                            args.vllm_importance_sampling_clip_min,
                                            args.vllm_importance_sampling_clip_max,

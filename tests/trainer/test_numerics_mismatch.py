@@ -257,8 +257,9 @@ def test_masked_sequences_are_counted_and_the_stop_sees_them(tmp_path, tiny_dir,
 
 
 def test_realign_gate_and_no_correction_below_it(tmp_path, tiny_dir, qwen3):
-    """A row re-rendered beyond max_realign_share: its episode excluded (counted). A row below it: no IS
-    correction (its ratio on a context the server never saw would be 1/e^2 per token here)."""
+    """A row re-rendered beyond max_realign_share: its episode excluded (counted). A row below it is
+    corrected on its own context (realign_is=correct, the default: ratio 1/e^2 per token here) and keeps
+    a non-zero weight; it is counted as realigned, not as exempt."""
     a = group(qwen3, "over", first={"realign_tokens": 10_000, "realign_classes": ["thinking-dropped"]})
     b = group(qwen3, "under", n=2, first={"realign_tokens": 3, "realign_classes": ["thinking-dropped"]})
     p = b[0]["prompt_len"]
@@ -270,8 +271,9 @@ def test_realign_gate_and_no_correction_below_it(tmp_path, tiny_dir, qwen3):
     out = t.gens[0]
     adv = out["advantages"]
     assert (adv[2:] != 0).all()  # "under": the shifted row kept its advantage
-    assert logged(t, "polar/is_realign_exempt_rows") == [1]
-    assert logged(t, "polar/is_realign_exempt_token_share") == [pytest.approx(5 / 20)]
+    assert logged(t, "polar/is_realign_rows") == [1]  # realigned, corrected (realign_is=correct): none exempt
+    assert logged(t, "polar/is_realign_token_share") == [pytest.approx(5 / 20)]
+    assert logged(t, "polar/is_realign_exempt_rows") == [0] and logged(t, "polar/is_realign_exempt_token_share") == [0]
     assert logged(t, "polar/excluded_rows_total/realign_share") == [1]
 
 
