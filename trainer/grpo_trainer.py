@@ -231,7 +231,7 @@ class PolarGRPOTrainer(GRPOTrainer):
         for k, v in stats.items():
             if k.startswith("logp_diff_"):
                 metrics[f"sampling/sampling_logp_difference/{k.removeprefix('logp_diff_')}"].append(v)
-            elif k.startswith("nonfinite_") or k == "lost_token_share":
+            elif k.startswith("nonfinite_") or k in ("lost_token_share", "vanishing_weight_share"):
                 metrics[f"polar/is_{k}"].append(v)
             else:
                 metrics[f"sampling/importance_sampling_ratio/{k}"].append(v)

@@ -40,6 +40,7 @@ from trainer.config_choices import IS_MODES
 
 MODES = IS_MODES  # the public name, kept
 LOST_REASONS = ("nonfinite_logprob", "is_ratio_high", "is_ratio_low")  # counted in row_exclusions.py
+VANISHING = 1e-3  # a weight below this trains (almost) nothing: ``vanishing_weight_share``
 
 
 def is_ratio(old_logps: torch.Tensor, behaviour_logps: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -52,8 +53,9 @@ def is_ratio(old_logps: torch.Tensor, behaviour_logps: torch.Tensor, mask: torch
     fraction clipped (outside [clip_min, clip_max]) and masked (ratio 0: by a *_mask mode, a non-finite
     token in token modes, a sequence holding one in sequence modes), mean/max |log pi_old - log mu| over
     finite tokens, the mean signed log ratio per finite token (``logp_diff_signed_mean``), the count and
-    fraction of trainable tokens that were not finite (``nonfinite_tokens``, ``nonfinite_frac``), and the
-    share of trainable tokens that get no weight (``lost_token_share``, every reason).
+    fraction of trainable tokens that were not finite (``nonfinite_tokens``, ``nonfinite_frac``), the
+    share of trainable tokens that get no weight (``lost_token_share``, every reason) and the share whose
+    weight is above 0 but below VANISHING (``vanishing_weight_share``, not counted as lost).
     ``is_ratio_lost`` returns the zeroed tokens by reason for the caller to drop from the loss and count.
     """
     ratio, stats, _ = is_ratio_lost(old_logps, behaviour_logps, mask, mode, clip_min, clip_max, exempt)
@@ -129,6 +131,11 @@ def is_ratio_lost(old_logps: torch.Tensor, behaviour_logps: torch.Tensor, mask: 
     stats["nonfinite_tokens"] = float(nonfinite.sum())
     stats["nonfinite_frac"] = float(nonfinite.sum()) / n_train if n_train else 0.0
     stats["lost_token_share"] = float(sum(int(v.sum()) for v in lost.values())) / n_train if n_train else 0.0
+    # Weights that are not 0 yet train (almost) nothing: a sequence ratio far below 1 on a long row
+    # (no clip_min) drops the row as surely as a mask, uncounted; this shows it.
+    w = ratio.expand_as(raw_diff) if ratio.size(1) == 1 and raw_diff.size(1) != 1 else ratio
+    tiny = train & rows_ & (w > 0) & (w < VANISHING)
+    stats["vanishing_weight_share"] = float(tiny.sum()) / n_train if n_train else 0.0
     return ratio, stats, lost
 
 

@@ -84,6 +84,10 @@ def test_lost_tokens_by_reason():
     assert lost["is_ratio_high"].tolist() == [[False] * 4, [True, True, False, False]]
     _, st, lost = is_ratio_lost(OLD, BEH, MASK, "token_truncate", 0.5, 3.0)
     assert lost == {} and st["lost_token_share"] == 0.0  # truncation weighs, never drops
+    # a sequence ratio far below 1 without clip_min: not lost, but shown as vanishing
+    old = torch.tensor([[-5.0, -5.0, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0]])
+    _, st2, lost2 = is_ratio_lost(old, BEH, MASK, "sequence_truncate", None, 3.0)
+    assert lost2 == {} and st2["vanishing_weight_share"] == pytest.approx(2 / 4)  # e^-10 on row 0's 2 tokens
     # the signed mean log ratio per token (finite trainable tokens): (ln2 - ln4 + 2 ln5) / 4
     assert st["logp_diff_signed_mean"] == pytest.approx((math.log(0.5) + 2 * math.log(5.0)) / 4)
 

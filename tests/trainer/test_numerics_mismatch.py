@@ -126,7 +126,7 @@ def test_is_stats_are_finite_and_count_what_they_mask():
     assert ratio[2, 0] == 1.0 and st["masked_frac"] == 1.0  # rows 0 and 1 (failed) are the statistics
     ratio, st, _ = is_ratio_masks(old, beh, mask, "sequence_mask", None, 3.0, exempt=torch.tensor([1, 1, 1]))
     assert ratio[:, 0].tolist() == [1.0, 1.0, 1.0] and st == {"nonfinite_tokens": 2.0, "nonfinite_frac": 2 / 9,
-                                                              "lost_token_share": 2 / 9}
+                                                              "lost_token_share": 2 / 9, "vanishing_weight_share": 0.0}
 
 
 def test_resolve_row_reasons():
