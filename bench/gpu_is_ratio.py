@@ -16,11 +16,15 @@ short, self-contained run (torch + transformers, no vLLM) that prints one JSON l
 3. The "trainer": the same weights in float32 on the CPU, pi_old of every sampled token under the same
    transform with the repository's trainer code (trainer/behaviour_logprobs.py ``sampled_token_logprobs``,
    trainer/is_correction.py ``is_ratio_masks``, sequence_mask, clip_max 3), by the OLD rule (the trainer's
-   recomputed kept set only) and the NEW one (the sampled token always kept).
+   recomputed kept set only) and the NEW one (the sampled token re-added when within BOUNDARY_TOL of the cut
+   that dropped it).
 
 Output: the device, dtype, timings and, per rule, the share of tokens with pi_old -inf, the share that
-needed the sampled token added, the sequence ratio mean / min and the share of sequences zeroed (< 1e-6)
-or outside [1/3, 3]. Runs in well under 3 minutes on one GPU (64 x 64 tokens); on a CPU (``--device cpu
+needed the sampled token added, the sequence ratio mean / min, the share of sequences zeroed (< 1e-6)
+or outside [1/3, 3], the mean (signed) log ratio per token and, for the trainer's rule, the share of
+trainable tokens each IS mode gives weight 0 (``lost_token_share``: what the trainer counts in the
+excluded share). Long rows: ``--tokens 2048 --seqs 16`` (the issue-33 check of the default on a GPU).
+Runs in well under 3 minutes on one GPU (64 x 64 tokens); on a CPU (``--device cpu
 --dtype bf16``) in about a minute (tests/trainer/test_gpu_script.py runs it so).
 """
 from __future__ import annotations
@@ -37,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, gen):
-    """(tokens (B,), processed logprobs of them (B,)): vLLM 0.32's sampler order, written here
+def vllm_processed(logits, temperature: float, top_k: int, top_p: float, min_p: float):
+    """The processed logits (kept tokens finite, the rest -inf) in vLLM 0.32's sampler order, written here
     independently of trainer/behaviour_logprobs.py."""
     import torch
 
@@ -55,6 +59,15 @@ def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: flo
         drop = vals.softmax(-1).cumsum(-1) <= 1 - top_p
         drop[:, -1] = False
         z = z.scatter(-1, idx, torch.where(drop, neg, vals))
+    return z
+
+
+def vllm_sample(logits, temperature: float, top_k: int, top_p: float, min_p: float, gen, processed=None):
+    """(tokens (B,), processed logprobs of them (B,)): vLLM 0.32's sampler (``random_sample``: argmax of
+    probs / q, q ~ Exp(1)). ``processed``: the output of ``vllm_processed`` when the caller has it."""
+    import torch
+
+    z = vllm_processed(logits, temperature, top_k, top_p, min_p) if processed is None else processed
     logp = z.log_softmax(-1)
     q = torch.empty_like(logp).exponential_(1.0, generator=gen)
     tok = (logp.exp() / q).argmax(-1)
@@ -76,7 +89,7 @@ def main(argv=None) -> dict:
 
     from polar_serve.tiny import make_tiny
     from trainer.behaviour_logprobs import Transform, sampled_token_logprobs
-    from trainer.is_correction import is_ratio_masks
+    from trainer.is_correction import MODES, is_ratio_lost, is_ratio_masks
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -130,7 +143,11 @@ def main(argv=None) -> dict:
                      "seq_ratio_mean": float(rho.mean()), "seq_ratio_min": float(rho.min()),
                      "seq_zeroed_share": float((rho < 1e-6).double().mean()),
                      "seq_outside_1/3_3": float(((rho < 1 / 3) | (rho > 3)).double().mean()),
-                     "abs_log_ratio_per_token": float((old_r - behaviour)[torch.isfinite(old_r)].abs().mean())}
+                     "abs_log_ratio_per_token": float((old_r - behaviour)[torch.isfinite(old_r)].abs().mean()),
+                     "mean_log_ratio_per_token": float((old_r - behaviour)[torch.isfinite(old_r)].mean())}
+        if keep:  # per IS mode (clip_max 3, the trainer's code): the share of trainable tokens given weight 0
+            res[rule]["lost_token_share"] = {
+                mode: is_ratio_lost(old_r, behaviour, mask, mode, None, 3.0)[1]["lost_token_share"] for mode in MODES}
     res["seconds"] = {"build_and_load": t1 - t0, "sample": t2 - t1, "trainer": time.perf_counter() - t2}
     line = json.dumps(res)
     print(line)

@@ -56,13 +56,19 @@ from trainer.row_temperature import logprob_temperature
 LOGPROBS_MODES = ("processed", "scaled")
 FIX = ("start the server with processed logprobs: `vllm serve ... --logprobs-mode processed_logprobs` "
        "(polar-serve: the same flag, `polar-serve ... --logprobs-mode processed_logprobs`)")
-# How far (in temperature-scaled logits) below the weakest token of the trainer's kept set a sampled
-# token may lie and still count as kept. Numerics move logits by ~0.01-0.03 (bf16 vs fp32, other
-# kernels): divided by a temperature of 0.6 and taken as a difference of two noisy logits that is
-# ~0.07, so 0.5 is several times the noise, yet a token that is far outside (a row whose tokens do not
-# belong to its logprobs, a wrong sampling record) stays at -inf and is masked and counted, never
-# trained as if the server could have drawn it.
-BOUNDARY_TOL = 0.5
+# The sampled token counts as kept when it lies within the numerics of the cut each truncation really
+# makes (``cut_slack``). LOGIT_TOL is how far one raw logit of the trainer may sit from the server's:
+# measured (bench/bench_is_agent_rows.py, docs/benchmarks/trainer.md) as 4 sigma of the logit noise of
+# other kernels and batch shapes (0.03: 0.12) plus half a bf16 step at |logit| < 32 (0.0625), rounded
+# up. Every cut compares two quantities that each move by at most LOGIT_TOL: min_p the token's logit
+# with the largest one, top_k with the k-th largest one (an order statistic moves no more than the
+# values), top_p the log of the mass above the token, whose numerator and denominator (sums of
+# exponentials) each move by at most LOGIT_TOL in log. So a token the server kept is never further than
+# BOUNDARY_TOL = 2 * LOGIT_TOL (raw logits; / temperature in the scaled logits the cuts are made on)
+# outside the trainer's cut; a token further outside (a row whose tokens do not belong to its logprobs,
+# a wrong sampling record) stays at -inf and is masked and counted.
+LOGIT_TOL = 0.2
+BOUNDARY_TOL = 2 * LOGIT_TOL
 CHUNK = 128  # positions per (chunk, vocab) buffer: 128 x 151936 x 4 B = 78 MB
 
 
@@ -170,36 +176,65 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chu
     return sampled_token_logprobs(logits, tokens, t, chunk, keep_sampled)[0]
 
 
+def cut_slack(z: torch.Tensor, tok: torch.Tensor, t: Transform) -> torch.Tensor:
+    """How far (temperature-scaled logits; log-mass for top_p) each sampled token lies outside the cut
+    of each truncation, the largest of them (<= 0: inside every cut), (N, 1). z: (N, V) scaled logits,
+    unmasked; tok: (N, 1) the sampled token ids. The cuts, in vLLM's order (min_p, top_k, top_p):
+
+    - min_p: kept iff z_tok - z_max >= log(min_p);
+    - top_k: kept iff z_tok >= the k-th largest logit left by min_p;
+    - top_p: kept iff the mass strictly above the token, among the tokens min_p and top_k left plus the
+      token itself, is < top_p (vLLM drops a token whose ascending cumulative mass is <= 1 - top_p).
+    """
+    neg = -math.inf
+    before = z.gather(-1, tok)
+    slack = torch.full_like(before, neg)
+    w = z
+    if t.min_p > 0.0:
+        zmax = z.amax(-1, keepdim=True)
+        slack = torch.maximum(slack, math.log(t.min_p) - (before - zmax))
+        w = z.masked_fill(z - zmax < math.log(t.min_p), neg)
+    if 0 < t.top_k < z.size(-1):
+        kth = w.topk(t.top_k, dim=-1).values[:, -1:]
+        slack = torch.maximum(slack, kth - before)
+        w = w.masked_fill(w < kth, neg)
+    if t.top_p < 1.0:
+        total = w.scatter(-1, tok, before).logsumexp(-1, keepdim=True)  # the kept tokens and the sampled one
+        above = w.masked_fill(w <= before, neg).logsumexp(-1, keepdim=True)
+        slack = torch.maximum(slack, above - total - math.log(t.top_p))
+    return slack
+
+
 def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK,
                            keep_sampled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(token) under ``t`` per position, float32 (N,); added (N,) bool).
 
-    The sampled token always counts as kept (``keep_sampled``): the server drew it, so it was in the
-    server's kept set, whatever the trainer's recomputed set says, when it lies within BOUNDARY_TOL of
-    the trainer's set (a token far outside stays -inf: masked and counted). The trainer's logits are never the
-    server's bit for bit (bf16 vs fp32, other kernels and batch shapes), so a token at the top-k / top-p /
-    min-p boundary can fall just outside the trainer's set; without this its pi_old would be -inf and its
-    sequence's ratio 0 (0.2-0.4% of tokens at logit noise 0.01-0.03 with Qwen3's defaults:
-    docs/benchmarks/trainer.md). With it the distribution is renormalised over the trainer's kept set plus
-    the sampled token; the error against the server's normaliser is the mass of the boundary tokens on
-    which the two sets disagree, each at the threshold. ``added`` marks the positions where the token had
-    to be added (logged as a share: a large share means the recorded sampling parameters are not the
-    applied ones). ``keep_sampled=False`` is the old rule (-inf outside the set), kept for the benchmark."""
+    The sampled token counts as kept (``keep_sampled``) when the trainer's recomputed set drops it but it
+    lies within BOUNDARY_TOL / temperature of the cut that dropped it (``cut_slack``: the min_p ratio, the
+    top_k rank, the top_p mass, each measured where that truncation cuts): the server drew it, so it was
+    in the server's kept set, and the trainer's logits are never the server's bit for bit (bf16 vs fp32,
+    other kernels and batch shapes), so a token at a cut can fall just outside the trainer's set; without
+    this its pi_old would be -inf (its token, or in a sequence mode its sequence, lost). A token further
+    outside stays -inf: masked and counted. With it the distribution is renormalised over the trainer's
+    kept set plus the sampled token; the error against the server's normaliser is the mass of the tokens
+    at the cuts on which the two sets disagree (only the server's own mask removes it: docs/training.md).
+    ``added`` marks the positions where the token had to be added (logged as a share: a large share means
+    the recorded sampling parameters are not the applied ones). ``keep_sampled=False`` is the old rule
+    (-inf outside the set), kept for the benchmarks."""
     if logits.dim() != 2 or tokens.shape != logits.shape[:1]:
         raise ValueError(f"logits (N, V) and tokens (N,) expected, got {tuple(logits.shape)} and {tuple(tokens.shape)}")
     out = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
     added = torch.zeros(logits.size(0), dtype=torch.bool, device=logits.device)
+    tol = BOUNDARY_TOL / t.temperature
     for s in range(0, logits.size(0), chunk):
         z = logits[s:s + chunk].float() / t.temperature  # a new buffer: the caller's logits stay untouched
         tok = tokens[s:s + chunk].long().unsqueeze(-1)
         if t.truncates:
             before = z.gather(-1, tok)
+            slack = cut_slack(z, tok, t) if keep_sampled else None
             mask_logits_(z, t)
             if keep_sampled:
-                # Only a token at the boundary can have left the set through numerics: within
-                # BOUNDARY_TOL (temperature-scaled logit units) of the weakest token the trainer kept.
-                weakest = torch.where(torch.isfinite(z), z, math.inf).amin(-1, keepdim=True)
-                lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before) & (before >= weakest - BOUNDARY_TOL)
+                lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before) & (slack <= tol)
                 z.scatter_(-1, tok, torch.where(lost, before, z.gather(-1, tok)))
                 added[s:s + chunk] = lost.squeeze(-1)
         out[s:s + chunk] = (z.gather(-1, tok) - z.logsumexp(-1, keepdim=True)).squeeze(-1)

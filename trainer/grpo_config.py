@@ -6,18 +6,27 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from trainer.config_choices import GROUP_SIZE_POLICIES, IS_MODES, REALIGN_IS, SYNC_MODES
 from trainer.cpu_fallback import fall_back_to_cpu
-from trainer.is_correction import MODES
-from trainer.shard_rollout import POLICIES
 
 
 @dataclass
 class PolarGRPOConfig(GRPOConfig):
     """GRPOConfig plus the shard stream. Importance sampling reuses TRL's own fields
     ``vllm_importance_sampling_correction`` (default True), ``vllm_importance_sampling_mode``
-    (token_truncate | token_mask | sequence_truncate | sequence_mask, default sequence_mask),
-    ``vllm_importance_sampling_clip_max`` (3.0) and ``vllm_importance_sampling_clip_min`` (None),
-    applied to the recorded behaviour logprobs with ``use_vllm=False``."""
+    (token_truncate | token_mask | sequence_truncate | sequence_mask; default token_truncate here, where
+    TRL's is sequence_mask: docs/training.md says why), ``vllm_importance_sampling_clip_max`` (3.0) and
+    ``vllm_importance_sampling_clip_min`` (None), applied to the recorded behaviour logprobs with
+    ``use_vllm=False``."""
+
+    # A sequence ratio multiplies every token's mismatch: on agent rows of thousands of tokens, bf16-level
+    # numerics alone take it out of any band (sequence_mask dropped 16-52% of 8k-token rows in issue 33's
+    # measurement); a truncated per-token ratio keeps every token at a weight near 1
+    # (docs/benchmarks/trainer.md, bench/bench_is_agent_rows.py).
+    vllm_importance_sampling_mode: str = field(default="token_truncate", metadata={
+        "help": "token_truncate (default: per-token ratio clamped to [clip_min, clip_max]) | token_mask | "
+        "sequence_truncate | sequence_mask (TRL's default; a product over the row: drops long agent rows on "
+        "numerics alone). Every token a mode gives weight 0 is counted in polar/excluded_share."})
 
     shards: str | None = field(default=None, metadata={
         "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
@@ -79,27 +88,37 @@ class PolarGRPOConfig(GRPOConfig):
         if self.use_vllm:
             raise ValueError("PolarGRPOConfig trains on recorded shards: use_vllm must be False "
                              "(importance sampling uses the recorded logprobs instead)")
-        if self.vllm_importance_sampling_mode not in MODES:
-            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {MODES}")
+        if self.vllm_importance_sampling_mode not in IS_MODES:
+            raise ValueError(f"vllm_importance_sampling_mode {self.vllm_importance_sampling_mode!r} not in {IS_MODES}")
         if self.loss_type == "vespo" and self.vllm_importance_sampling_correction \
                 and not self.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError("the vespo loss needs a token_* importance sampling mode (as in TRL)")
-        if self.realign_is not in ("correct", "exempt"):
-            raise ValueError(f"realign_is {self.realign_is!r} not in ('correct', 'exempt')")
+        if self.off_policy_mask_threshold is not None and not self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "off_policy_mask_threshold (TRL's off-policy sequence mask) compares the recorded behaviour logprobs "
+                "with the policy's full-softmax logprobs; polar's behaviour logprobs are those of the distribution "
+                "the server sampled from, which under top_k/top_p/min_p is truncated and renormalised, so the KL "
+                "it reads is the kept mass, not the staleness (0.02-0.09 per token on-policy), and it would drop "
+                "negative-advantage sequences for no reason. Without the correction the rows' sampling is not "
+                "resolved, so polar cannot check that they are untruncated: turn "
+                "vllm_importance_sampling_correction on (OPSM is then allowed on untruncated rows only) or unset "
+                "off_policy_mask_threshold")
+        if self.realign_is not in REALIGN_IS:
+            raise ValueError(f"realign_is {self.realign_is!r} not in {REALIGN_IS}")
         for name in ("max_excluded_share", "max_realign_share"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1] or None, got {v}")
         if self.excluded_share_window < 1:
             raise ValueError(f"excluded_share_window must be >= 1 token, got {self.excluded_share_window}")
-        if self.group_size_policy not in POLICIES:
-            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {POLICIES}")
+        if self.group_size_policy not in GROUP_SIZE_POLICIES:
+            raise ValueError(f"group_size_policy {self.group_size_policy!r} not in {GROUP_SIZE_POLICIES}")
         if self.max_steps is None or self.max_steps <= 0:
             raise ValueError("set max_steps: a shard stream has no length, so epochs mean nothing")
         if self.eval_strategy not in ("no", None) and str(self.eval_strategy) != "IntervalStrategy.NO":
             raise ValueError("evaluation is not supported: every rollout comes from the training shard stream")
-        if self.sync_mode not in ("polar", "proxy", "vllm_lora", "fleet"):  # (trainer/weight_sync.py)
-            raise ValueError(f"sync_mode {self.sync_mode!r} not in ('polar', 'proxy', 'vllm_lora', 'fleet')")
+        if self.sync_mode not in SYNC_MODES:  # (trainer/weight_sync.py)
+            raise ValueError(f"sync_mode {self.sync_mode!r} not in {SYNC_MODES}")
         self._check_save_alignment()
 
     def _check_save_alignment(self) -> None:

@@ -25,7 +25,7 @@ from trl import GRPOTrainer
 from trainer.advantages import episode_advantages
 from trainer.behaviour_logprobs import Transform, sampled_token_logprobs
 from trainer.grpo_config import PolarGRPOConfig
-from trainer.is_correction import is_ratio_masks
+from trainer.is_correction import is_ratio_lost
 from trainer.row_exclusions import REASONS, ExclusionLedger
 from trainer.row_temperature import generation_default
 from trainer.shard_rollout import ShardRollout, shard_reward
@@ -104,6 +104,7 @@ class PolarGRPOTrainer(GRPOTrainer):
         # (last token not EOS) would mask segments that end in a tool result and miss length stops.
         self.mask_truncated_completions = False
         self._polar_rewards_per_func: torch.Tensor | None = None
+        self._polar_late: tuple[Counter, dict] = (Counter(), {})  # this batch's tokens zeroed by the correction
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         ckpt = resume_from_checkpoint
@@ -124,8 +125,10 @@ class PolarGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
         self._episode_advantages(inputs, output)
+        self._polar_late = (Counter(), {})
         if self.args.vllm_importance_sampling_correction:
             self._apply_behaviour_is(output, metrics)
+        self.exclusions.add_late(*self._polar_late)  # closes this batch in the excluded-share window
         self._log_shard_metrics(metrics, load0, wait0, time.perf_counter() - t0)
         return output
 
@@ -177,10 +180,11 @@ class PolarGRPOTrainer(GRPOTrainer):
         return torch.tensor([c / total[k] if k is not None and total[k] > 0 else 1.0 for k, c in zip(keys, n.tolist())])
 
     def _apply_behaviour_is(self, output: dict, metrics) -> None:
-        """Scale the advantages by the importance ratio. Mask and count, never abort: a trainable token whose
-        pi_old or mu is not finite leaves the loss (tool_mask 0; counted in the excluded share), realigned
-        rows are corrected or exempt (``realign_is``; their share counted), and every
-        statistic goes to TRL's metrics (docs/training.md: Metrics)."""
+        """Scale the advantages by the importance ratio. Mask and count, never abort: every trainable token
+        the correction gives weight 0 is counted by reason in the excluded share (``_count_lost``; a token
+        whose pi_old or mu is not finite also leaves the loss), realigned rows are corrected or exempt
+        (``realign_is``; their share counted), and every statistic goes to TRL's metrics
+        (docs/training.md: Metrics)."""
         behaviour = output.get("sampling_per_token_logps")
         if behaviour is None:
             raise RuntimeError("rollout returned no behaviour logprobs; cannot apply importance sampling")
@@ -188,6 +192,7 @@ class PolarGRPOTrainer(GRPOTrainer):
             output["tool_mask"] = torch.ones_like(output["completion_mask"])
         mask = output["completion_mask"] * output["tool_mask"]
         self._polar_kept_added = None
+        self._check_opsm(self.shard_rollout.batch_transforms)
         old = self._old_policy_logps(output, self.shard_rollout.batch_transforms)
         train = mask.bool()
         n_train = int(train.sum())
@@ -200,21 +205,22 @@ class PolarGRPOTrainer(GRPOTrainer):
         if realign.numel() != mask.size(0):
             raise RuntimeError(f"{realign.numel()} realign flags for {mask.size(0)} rows: the rollout and the batch "
                                "disagree")
-        exempt_tokens = int(train[realign].sum())
-        metrics["polar/is_realign_exempt_token_share"].append(exempt_tokens / n_train if n_train else 0.0)
-        metrics["polar/is_realign_exempt_rows"].append(int((realign & (train.sum(1) > 0)).sum()))
         args = self.args
-        ratio, stats, nonfinite = is_ratio_masks(old, behaviour, mask, args.vllm_importance_sampling_mode,
-                                                 args.vllm_importance_sampling_clip_min,
-                                                 args.vllm_importance_sampling_clip_max,
-                                                 exempt=realign if args.realign_is == "exempt" else None)
-        n_bad = int(nonfinite.sum())
-        if n_bad:
-            output["tool_mask"] = output["tool_mask"].masked_fill(nonfinite, 0)
-            self.exclusions.add(0, Counter({"nonfinite_logprob": n_bad}), details={
-                "nonfinite_logprob": f"{n_bad} of {n_train} trainable tokens of the last batch"})
-            log.warning("%d of %d trainable tokens have a non-finite pi_old or behaviour logprob: masked out of the "
-                        "loss and counted", n_bad, n_train)
+        # Realigned rows (a re-rendered context below the realign gate): corrected on the row's context
+        # (realign_is=correct) or exempt (ratio 1). The *_exempt_* metrics count only the rows really exempt.
+        realign_tokens = int(train[realign].sum())
+        realign_rows = int((realign & (train.sum(1) > 0)).sum())
+        exempt = args.realign_is == "exempt"
+        metrics["polar/is_realign_token_share"].append(realign_tokens / n_train if n_train else 0.0)
+        metrics["polar/is_realign_rows"].append(realign_rows)
+        metrics["polar/is_realign_exempt_token_share"].append(realign_tokens / n_train if n_train and exempt else 0.0)
+        metrics["polar/is_realign_exempt_rows"].append(realign_rows if exempt else 0)
+        ratio, stats, lost = is_ratio_lost(old, behaviour, mask, args.vllm_importance_sampling_mode,
+                                           args.vllm_importance_sampling_clip_min,
+                                           args.vllm_importance_sampling_clip_max,
+                                           exempt=realign if args.realign_is == "exempt" else None)
+        own_bad = train & ~torch.isfinite(old.float() - behaviour.float())  # the tokens themselves
+        self._count_lost(output, lost, own_bad, n_train, args.vllm_importance_sampling_mode)
         if self.loss_type == "vespo":
             output["importance_sampling_ratio"] = ratio
         else:
@@ -225,10 +231,46 @@ class PolarGRPOTrainer(GRPOTrainer):
         for k, v in stats.items():
             if k.startswith("logp_diff_"):
                 metrics[f"sampling/sampling_logp_difference/{k.removeprefix('logp_diff_')}"].append(v)
-            elif k.startswith("nonfinite_"):
+            elif k.startswith("nonfinite_") or k in ("lost_token_share", "vanishing_weight_share"):
                 metrics[f"polar/is_{k}"].append(v)
             else:
                 metrics[f"sampling/importance_sampling_ratio/{k}"].append(v)
+
+    def _check_opsm(self, transforms: list[Transform]) -> None:
+        """TRL's off-policy sequence mask reads mean(log mu - log pi) per sequence with pi the full softmax at
+        ``temperature``: it is the staleness only when mu is a full softmax too (untruncated rows:
+        ``scaled`` logprobs, or sampling without top_k/top_p/min_p). On truncated rows it reads the kept
+        mass (0.02-0.09 per token on-policy, 6.5 on the random tiny model) and drops negative-advantage
+        sequences for it: refused."""
+        if self.args.off_policy_mask_threshold is None:
+            return
+        bad = [t for t in transforms if t is not None and t.truncates]
+        if bad:
+            raise ValueError(
+                f"off_policy_mask_threshold {self.args.off_policy_mask_threshold:g} (TRL's off-policy sequence mask) "
+                f"on {len(bad)} of {len(transforms)} rows sampled with truncation ({bad[0]}): their behaviour logprobs "
+                "are those of the truncated, renormalised distribution the server sampled from, while the mask "
+                "compares them with the policy's full softmax, so it would read the kept mass (0.02-0.09 per token "
+                "on-policy) as off-policyness and drop negative-advantage sequences for it. Unset "
+                "off_policy_mask_threshold, or sample untruncated (top_k -1, top_p 1, min_p 0) or with scaled "
+                "logprobs (SGLang), where both sides are full softmaxes.")
+
+    def _count_lost(self, output: dict, lost: dict, own_bad: torch.Tensor, n_train: int, mode: str) -> None:
+        """Count every trainable token the correction gave weight 0, by reason, in the exclusion ledger
+        (``polar/excluded_share`` and the ``max_excluded_share`` stop see it). A token whose own pi_old or
+        mu is not finite also leaves the loss (tool_mask 0); the others (a *_mask band, the rest of a
+        failed sequence) keep their place in the loss's normaliser with weight 0, as TRL's correction does,
+        so the loss stays TRL's."""
+        counts = Counter({reason: int(m.sum()) for reason, m in lost.items() if bool(m.any())})
+        if not counts:
+            return
+        if bool(own_bad.any()):
+            output["tool_mask"] = output["tool_mask"].masked_fill(own_bad, 0)
+        unit = "tokens (whole sequences)" if mode.startswith("sequence") else "tokens"
+        self._polar_late = (counts, {
+            reason: f"{n} of {n_train} trainable {unit} of the last batch ({mode})" for reason, n in counts.items()})
+        log.warning("importance sampling gave %d of %d trainable tokens weight 0 (%s): counted in the excluded share",
+                    sum(counts.values()), n_train, ", ".join(f"{k} {v}" for k, v in counts.items()))
 
     @torch.no_grad()
     def _old_policy_logps(self, output: dict, transforms: list[Transform]) -> torch.Tensor:

@@ -17,8 +17,10 @@ A single row never stops a run. Each row is resolved to the transform its logpro
 
 The cause is per row, but the row's episode shares one reward and the group one baseline, so the
 whole episode is excluded (shard_rollout.py ``resolve_sampling``); the group trains if it keeps two
-episodes. Per-token causes (a non-finite pi_old or mu) are masked token by token in the trainer
-(grpo_trainer.py) and reported here as ``nonfinite_logprob``.
+episodes. What the importance correction zeroes later, in the trainer (grpo_trainer.py, is_correction.py
+``is_ratio_lost``), is counted here too, in trainable tokens: ``nonfinite_logprob`` (a non-finite pi_old
+or mu: the token, or in a sequence_* mode its whole sequence), ``is_ratio_high`` / ``is_ratio_low`` (a
+*_mask mode's band zeroed the token or its sequence).
 
 The window: the excluded share is excluded trainable tokens / trainable tokens read, over the last
 ``window`` trainable tokens read by this rank (whole groups; excluded ones included). Once the window
@@ -35,7 +37,7 @@ from trainer.behaviour_logprobs import FIX, LogprobsModeError, Transform, row_tr
 from trainer.row_temperature import TOLERANCE, logprob_temperature
 
 REASONS = ("greedy", "temperature_mismatch", "logprobs_raw", "logprobs_unknown", "sampling_unsupported",
-           "unknown_truncation", "realign_share", "nonfinite_logprob")
+           "unknown_truncation", "realign_share", "nonfinite_logprob", "is_ratio_high", "is_ratio_low")
 
 FIXES = {
     "greedy": "sample with temperature > 0 (the harness or the server's generation_config asks for greedy "
@@ -54,7 +56,14 @@ FIXES = {
     "realign_share": "build the shards with `polar-recon build --strategy per-call` (every row's context is "
                      "what the server saw) or raise --max_realign_share",
     "nonfinite_logprob": "check the server's reported logprobs and the trainer's numerics (non-finite pi_old "
-                         "or behaviour logprobs)",
+                         "or behaviour logprobs; in a sequence_* mode one such token fails its sequence: "
+                         "--vllm_importance_sampling_mode token_truncate loses the token alone)",
+    "is_ratio_high": "the importance ratio exceeded --vllm_importance_sampling_clip_max under a *_mask mode: "
+                     "a sequence ratio is a product over the row, so long rows leave any band on numerics alone; "
+                     "use --vllm_importance_sampling_mode token_truncate (the default) or lower --max_policy_lag",
+    "is_ratio_low": "the importance ratio fell below --vllm_importance_sampling_clip_min under a *_mask mode: "
+                    "use --vllm_importance_sampling_mode token_truncate (the default), widen the band, or lower "
+                    "--max_policy_lag",
 }
 
 
@@ -128,11 +137,14 @@ class ExclusionLedger:
         self._recent: deque[tuple[int, Counter]] = deque()
         self._recent_tokens = 0
         self._recent_excluded: Counter = Counter()
+        # the batch read since the last add_late (the one the trainer is about to correct): entries, totals
+        self._open, self._open_tokens, self._open_excluded = 0, 0, Counter()
 
     def add(self, tokens: int, excluded: Counter, rows: Counter | None = None,
             details: dict[str, str] | None = None) -> None:
         """One group read (``tokens`` trainable tokens, of which ``excluded`` by reason), or (tokens 0)
-        tokens masked later, in the trainer."""
+        tokens masked later, in the trainer (the trainer uses ``add_late``, which keeps them with the
+        tokens they were found in)."""
         self.tokens += tokens
         self.excluded_tokens.update(excluded)
         self.excluded_rows.update(rows or {})
@@ -140,6 +152,31 @@ class ExclusionLedger:
         self._recent.append((tokens, Counter(excluded)))
         self._recent_tokens += tokens
         self._recent_excluded.update(excluded)
+        self._open += 1
+        self._open_tokens += tokens
+        self._open_excluded.update(excluded)
+        self._slide()
+
+    def add_late(self, excluded: Counter, details: dict[str, str] | None = None) -> None:
+        """Close the batch read since the last ``add_late`` (the trainer calls it once per batch, with or
+        without the correction): ``excluded`` are its tokens the trainer zeroed later (the importance
+        correction: is_correction.py ``is_ratio_lost``), by reason. The batch's groups and these become one
+        window entry, so the window never counts excluded tokens whose reading slid out of it (a batch of
+        long rows can be larger than the window: the window then holds that batch)."""
+        self.excluded_tokens.update(excluded)
+        self.details.update(details or {})
+        for _ in range(min(self._open, len(self._recent))):  # the batch's entries still in the window
+            n, ex = self._recent.pop()
+            self._recent_tokens -= n
+            self._recent_excluded.subtract(ex)
+        merged = self._open_excluded + Counter(excluded)
+        self._recent.append((self._open_tokens, merged))
+        self._recent_tokens += self._open_tokens
+        self._recent_excluded.update(merged)
+        self._open, self._open_tokens, self._open_excluded = 0, 0, Counter()
+        self._slide()
+
+    def _slide(self) -> None:
         while len(self._recent) > 1 and self._recent_tokens - self._recent[0][0] >= self.window:
             n, ex = self._recent.popleft()
             self._recent_tokens -= n

@@ -27,12 +27,13 @@ import torch
 
 from polar_contracts.shards import TERMINATIONS, TRUNCATED
 from trainer.behaviour_logprobs import Transform
+from trainer.config_choices import GROUP_SIZE_POLICIES
 from trainer.row_exclusions import ExclusionLedger, explain_excluded, resolve_row, trainable_tokens
 from trainer.shard_source import Group, NoShardsError, ShardSource
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("pad", "skip")
+POLICIES = GROUP_SIZE_POLICIES  # the public name, kept
 ROW_KEYS = ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward", "episode_id", "group_id",
             "segment", "weight_version", "polar_pad", "termination")
 

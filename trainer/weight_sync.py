@@ -55,6 +55,7 @@ from polar_contracts.control import (
     control_headers,
     read_secret_file,
 )
+from trainer.config_choices import SYNC_MODES
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def get_json(url: str, *, timeout: float = 30.0, api_key: str | None = None, hea
     return d
 
 
-MODES = ("polar", "proxy", "vllm_lora", "fleet")
+MODES = SYNC_MODES  # the public name, kept
 # harness_recipes/fleet/driver.py's named coordinator (imports run one way: the names, not the module)
 FLEET_WEIGHTS_ACTOR, FLEET_NAMESPACE = "polar-fleet-weights", "polar"
 

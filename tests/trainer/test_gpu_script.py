@@ -23,3 +23,6 @@ def test_gpu_script_runs_on_cpu_in_bf16(tmp_path):
     assert after["masked_token_share"] == 0.0 and after["seq_zeroed_share"] == 0.0 and after["seq_ratio_min"] > 0.1
     assert before["kept_set_fix_share"] == 0.0 and after["kept_set_fix_share"] == before["masked_token_share"]
     assert 0.5 < after["seq_ratio_mean"] < 2.0
+    # the default mode (token_truncate) gives no token weight 0 when none is -inf
+    assert after["lost_token_share"]["token_truncate"] == 0.0 and set(after["lost_token_share"]) == {
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}

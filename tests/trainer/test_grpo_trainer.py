@@ -145,13 +145,28 @@ def test_sequence_mask_zeroes_whole_rows(tmp_path, tiny_dir, sampler):
     rows = real_groups(sampler, 2, "sq", turns=(1,))
     # 5 trainable tokens each: total log-ratio 5*0.1 -> 1.65 (kept), 5*0.5 -> 12.2 (> 3: masked).
     write_shard(tmp_path / "shards", 1, shifted(rows, [0.1, 0.5, 0.0, -0.5]))
-    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0))  # TRL's default mode: sequence_mask, clip 3
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, vllm_importance_sampling_mode="sequence_mask"))  # TRL's
     t.train()
     a = t.gens[0]["advantages"]
     assert a.shape[1] == 1
     st = t.gens[0]["is_stats"]
     assert st["clipped_frac"] == pytest.approx(0.25)  # exp(-2.5)=0.08 stays: no clip_min by default
     assert a[1, 0] == 0.0 and a[0, 0] != 0.0
+    assert t.exclusions.excluded_tokens == {"is_ratio_high": 5}  # the masked row's tokens, counted
+
+
+def test_default_token_truncate_keeps_every_token(tmp_path, tiny_dir, sampler):
+    """The default (token_truncate, clip_max 3): per-token ratios, clamped, none zeroed, nothing counted."""
+    rows = real_groups(sampler, 2, "tt", turns=(1,))
+    write_shard(tmp_path / "shards", 1, shifted(rows, [0.1, 0.5, 0.0, -0.5]))
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0))
+    t.train()
+    out = t.gens[0]
+    a, m = out["advantages"], out["completion_mask"] * out["tool_mask"]
+    assert a.shape[1] > 1 and bool((a[m.bool()] != 0).all())
+    st = out["is_stats"]
+    assert st["masked_frac"] == 0.0 and st["lost_token_share"] == 0.0 and st["max"] <= 3.0
+    assert st["min"] == pytest.approx(math.exp(-0.5), rel=1e-3) and sum(t.exclusions.excluded_tokens.values()) == 0
 
 
 def test_group_size_policy_pad_and_skip(tmp_path, tiny_dir):

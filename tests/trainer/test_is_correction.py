@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainer.is_correction import MODES, is_ratio
+from trainer.is_correction import MODES, is_ratio, is_ratio_lost
 
 # Two sequences, four completion positions. Row 0: log-diffs ln2, -ln4, 0(masked tool token), pad.
 # Row 1: ln5, ln5 then padding. old - behaviour per token:
@@ -54,12 +54,42 @@ def test_sequence_mask():
 
 
 def test_nan_and_zero_mask_rows():
-    old = torch.tensor([[float("nan"), 0.3], [0.0, 0.0]])
-    beh = torch.zeros(2, 2)
-    mask = torch.tensor([[1, 1], [0, 0]])  # row 1: a padding row that trains nothing
-    r, st = is_ratio(old, beh, mask, "sequence_mask", None, 3.0)
-    close(r, [[math.exp(0.3)], [1.0]])
-    assert st["mean"] == pytest.approx(math.exp(0.3))  # the padding row is left out of the stats
+    old = torch.tensor([[float("nan"), 0.3], [0.0, 0.0], [0.1, 0.2]])
+    beh = torch.zeros(3, 2)
+    mask = torch.tensor([[1, 1], [0, 0], [1, 1]])  # row 1: a padding row that trains nothing
+    # sequence modes: a token that cannot be scored fails its whole sequence (as TRL's -inf sum and
+    # slime's veto do), counted by reason with every trainable token of the row
+    for mode in ("sequence_mask", "sequence_truncate"):
+        r, st, lost = is_ratio_lost(old, beh, mask, mode, None, 3.0)
+        close(r, [[0.0], [1.0], [math.exp(0.3)]])
+        assert st["mean"] == pytest.approx(math.exp(0.3) / 2)  # the padding row is left out of the stats
+        assert st["masked_frac"] == pytest.approx(1 / 2) and st["lost_token_share"] == pytest.approx(2 / 4)
+        assert set(lost) == {"nonfinite_logprob"} and lost["nonfinite_logprob"].tolist() == [[True, True], [False] * 2,
+                                                                                             [False] * 2]
+    # token modes: the token alone
+    r, st, lost = is_ratio_lost(old, beh, mask, "token_truncate", None, 3.0)
+    close(r, [[0.0, math.exp(0.3)], [1.0, 1.0], [math.exp(0.1), math.exp(0.2)]])
+    assert lost["nonfinite_logprob"].tolist() == [[True, False], [False] * 2, [False] * 2]
+    assert st["lost_token_share"] == pytest.approx(1 / 4)
+
+
+def test_lost_tokens_by_reason():
+    """Every trainable token a *_mask mode zeroes is returned by reason (the trainer counts them)."""
+    r, st, lost = is_ratio_lost(OLD, BEH, MASK, "token_mask", 0.5, 3.0)
+    assert lost["is_ratio_high"].tolist() == [[False] * 4, [True, True, False, False]]
+    assert lost["is_ratio_low"].tolist() == [[False, True, False, False], [False] * 4]
+    assert st["lost_token_share"] == pytest.approx(3 / 4)
+    r, st, lost = is_ratio_lost(OLD, BEH, MASK, "sequence_mask", 0.6, 3.0)
+    assert lost["is_ratio_low"].tolist() == [[True, True, False, False], [False] * 4]  # trainable tokens only
+    assert lost["is_ratio_high"].tolist() == [[False] * 4, [True, True, False, False]]
+    _, st, lost = is_ratio_lost(OLD, BEH, MASK, "token_truncate", 0.5, 3.0)
+    assert lost == {} and st["lost_token_share"] == 0.0  # truncation weighs, never drops
+    # a sequence ratio far below 1 without clip_min: not lost, but shown as vanishing
+    old = torch.tensor([[-5.0, -5.0, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0]])
+    _, st2, lost2 = is_ratio_lost(old, BEH, MASK, "sequence_truncate", None, 3.0)
+    assert lost2 == {} and st2["vanishing_weight_share"] == pytest.approx(2 / 4)  # e^-10 on row 0's 2 tokens
+    # the signed mean log ratio per token (finite trainable tokens): (ln2 - ln4 + 2 ln5) / 4
+    assert st["logp_diff_signed_mean"] == pytest.approx((math.log(0.5) + 2 * math.log(5.0)) / 4)
 
 
 def test_errors():

@@ -12,7 +12,15 @@ import torch
 
 from tests.trainer.shardkit import Sampler, row, write_shard
 from tests.trainer.test_grpo_trainer import config, trainer
-from trainer.behaviour_logprobs import BOUNDARY_TOL, Transform, mask_logits_, sampled_token_logprobs, token_logprobs
+from trainer.behaviour_logprobs import (
+    BOUNDARY_TOL,
+    LOGIT_TOL,
+    Transform,
+    cut_slack,
+    mask_logits_,
+    sampled_token_logprobs,
+    token_logprobs,
+)
 from trainer.is_correction import is_ratio_masks
 from trainer.row_exclusions import ExcludedShareError, ExclusionLedger, resolve_row
 
@@ -33,36 +41,70 @@ def logged(t, key: str) -> list[float]:
 
 # -- units -------------------------------------------------------------------------------------------
 
-def test_a_sampled_token_at_the_boundary_is_kept_and_one_far_outside_is_not():
+CUTS = [Transform(0.6, 20, 0.95), Transform(0.6, -1, 0.9), Transform(0.6, -1, 1.0, 0.05), Transform(1.0, 50, 0.9, 0.05),
+        Transform(0.6, 20, 1.0)]
+
+
+@pytest.mark.parametrize("t", CUTS, ids=str)
+def test_every_token_the_server_kept_within_logit_tol_is_scored(t):
+    """The guarantee of the cut-based rule: the server's logits within LOGIT_TOL of the trainer's, any
+    token the server's set kept (here the weakest one, at the cut) gets a finite pi_old from the trainer,
+    whichever truncation cut it: the top_k rank, the top_p mass or the min_p ratio."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(512, 300, generator=g) * 3
+    server = logits + (torch.rand(logits.shape, generator=g) * 2 - 1) * LOGIT_TOL * 0.999
+    zs = mask_logits_(server / t.temperature, t)
+    weakest = torch.where(torch.isfinite(zs), zs, math.inf).argmin(-1)  # the server's kept token at its cut
+    lp, added = sampled_token_logprobs(logits, weakest, t)
+    assert torch.isfinite(lp).all(), f"{int((~torch.isfinite(lp)).sum())} kept tokens scored -inf"
+    assert bool(added.any())  # the fixture crosses the cuts: the rule is exercised
+    old = token_logprobs(logits, weakest, t, keep_sampled=False)
+    assert torch.isneginf(old[added]).all() and torch.equal(old[~added], lp[~added])
+
+
+def test_a_sampled_token_at_the_cut_is_kept_and_one_far_outside_is_not():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 200, generator=g) * 2
     t = Transform(0.6, 20, 0.95)
     z = logits / 0.6
     kept = torch.isfinite(mask_logits_(z.clone(), t))
-    weakest = torch.where(kept, z, math.inf).amin(-1)
     inside = torch.stack([row.nonzero()[0, 0] for row in kept])  # a kept token per position
-    # a masked token within BOUNDARY_TOL of the weakest kept one (numerics), and the least likely one
-    near_ok = [(~kept[i]) & (z[i] >= weakest[i] - BOUNDARY_TOL) for i in range(64)]
-    rows = [i for i in range(64) if near_ok[i].any()]
-    assert len(rows) >= 16, "the fixture must have boundary tokens to test"
-    near = torch.stack([near_ok[i].nonzero()[0, 0] for i in rows])
-    far = z.argmin(-1)
-    assert bool((z.gather(-1, far[:, None]).squeeze(-1) < weakest - BOUNDARY_TOL).all())
-    lp, added = sampled_token_logprobs(logits[rows], near, t)
+    # the strongest token the trainer dropped, and the least likely one
+    near = torch.where(kept, -math.inf, z).argmax(-1)
+    slack = cut_slack(z, near[:, None], t).squeeze(-1)
+    rows = (slack <= BOUNDARY_TOL / 0.6).nonzero().squeeze(-1)
+    assert len(rows) >= 16, "the fixture must have tokens at the cut to test"
+    lp, added = sampled_token_logprobs(logits[rows], near[rows], t)
     assert bool(added.all()) and torch.isfinite(lp).all()
     # renormalised over the trainer's kept set plus the sampled token
-    want = torch.stack([torch.where(kept[i] | (torch.arange(200) == tok), z[i], -math.inf).log_softmax(-1)[tok]
-                        for i, tok in zip(rows, near.tolist())])
+    want = torch.stack([torch.where(kept[i] | (torch.arange(200) == near[i]), z[i], -math.inf).log_softmax(-1)[near[i]]
+                        for i in rows.tolist()])
     assert torch.allclose(lp, want, atol=1e-5)
     # far outside the set: not numerics but a row whose tokens do not fit its logprobs: -inf (masked, counted)
+    far = z.argmin(-1)
+    assert bool((cut_slack(z, far[:, None], t) > BOUNDARY_TOL / 0.6).all())
     lp_far, added_far = sampled_token_logprobs(logits, far, t)
     assert not bool(added_far.any()) and torch.isneginf(lp_far).all()
     lp_in, added_in = sampled_token_logprobs(logits, inside, t)
     assert not bool(added_in.any()) and torch.isfinite(lp_in).all()
-    old = token_logprobs(logits[rows], near, t, keep_sampled=False)  # the old rule
+    assert bool((cut_slack(z, inside[:, None], t) <= 0).all())
+    old = token_logprobs(logits[rows], near[rows], t, keep_sampled=False)  # the old rule
     assert torch.isneginf(old).all()
     # tokens inside the set: the same value under both rules (the exact vLLM distribution)
     assert torch.equal(token_logprobs(logits, inside, t), token_logprobs(logits, inside, t, keep_sampled=False))
+
+
+def test_cut_slack_per_truncation():
+    z = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    tok = torch.tensor([[3]])
+    # top_k 2: the k-th largest is 3.0, the token 1.0: 2.0 outside
+    assert cut_slack(z, tok, Transform(1.0, 2)).item() == pytest.approx(2.0)
+    # min_p 0.1: kept iff z - z_max >= ln 0.1 = -2.303; the token sits at -3: 0.697 outside
+    assert cut_slack(z, tok, Transform(1.0, min_p=0.1)).item() == pytest.approx(math.log(0.1) + 3.0)
+    # top_p 0.9: the mass above the token / the total, against 0.9, in log
+    p = z.softmax(-1)[0]
+    assert cut_slack(z, tok, Transform(1.0, top_p=0.9)).item() == pytest.approx(math.log(p[:3].sum() / 0.9), abs=1e-6)
+    assert cut_slack(z, torch.tensor([[0]]), Transform(1.0, 2, 0.9, 0.1)).item() <= 0  # the top token: inside
 
 
 def test_is_stats_are_finite_and_count_what_they_mask():
@@ -75,13 +117,16 @@ def test_is_stats_are_finite_and_count_what_they_mask():
         assert st["nonfinite_tokens"] == 2 and bad.tolist() == [[False, True, False, False],
                                                                 [False, False, True, False], [False] * 4]
         assert st["logp_diff_max"] == pytest.approx(4.0)  # over finite tokens only (not 1.6e37)
-        if mode == "sequence_mask":  # row 2: exp(12) > 3, masked; rows 0 and 1 keep ratio 1 (the bad token dropped)
-            assert ratio[:, 0].tolist() == [1.0, 1.0, 0.0] and st["masked_frac"] == pytest.approx(1 / 3)
+        if mode == "sequence_mask":  # row 2: exp(12) > 3, masked; rows 0 and 1 fail whole (a token not finite)
+            assert ratio[:, 0].tolist() == [0.0, 0.0, 0.0] and st["masked_frac"] == 1.0
         if mode == "token_mask":  # 3 masked by the clip + 2 non-finite, of 9 trainable tokens
             assert st["masked_frac"] == pytest.approx(5 / 9) and st["clipped_frac"] == pytest.approx(3 / 9)
     # exempt rows: ratio 1, out of the statistics
     ratio, st, _ = is_ratio_masks(old, beh, mask, "sequence_mask", None, 3.0, exempt=torch.tensor([0, 0, 1]))
-    assert ratio[2, 0] == 1.0 and st["masked_frac"] == 0.0
+    assert ratio[2, 0] == 1.0 and st["masked_frac"] == 1.0  # rows 0 and 1 (failed) are the statistics
+    ratio, st, _ = is_ratio_masks(old, beh, mask, "sequence_mask", None, 3.0, exempt=torch.tensor([1, 1, 1]))
+    assert ratio[:, 0].tolist() == [1.0, 1.0, 1.0] and st == {"nonfinite_tokens": 2.0, "nonfinite_frac": 2 / 9,
+                                                              "lost_token_share": 2 / 9, "vanishing_weight_share": 0.0}
 
 
 def test_resolve_row_reasons():
@@ -168,24 +213,53 @@ def test_bf16_trainer_numerics_keep_every_sequence(tmp_path, tiny_dir, qwen3):
     assert logged(t, "polar/is_nonfinite_tokens") == [0.0]
 
 
-def test_nonfinite_behaviour_logprobs_are_masked_per_token(tmp_path, tiny_dir, qwen3):
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_nonfinite_behaviour_logprobs_are_masked_and_counted(tmp_path, tiny_dir, qwen3, mode):
+    """A -inf behaviour logprob: the token leaves the loss; in a token mode it alone is lost, in a sequence
+    mode its whole sequence is (ratio 0, as TRL's -inf sum and slime's veto); either way every lost token
+    is counted in the exclusion ledger."""
     rows = [r for g in range(2) for r in group(qwen3, f"n{g}", n=2)]
     p = rows[0]["prompt_len"]
     rows[0] = dict(rows[0], logprobs=rows[0]["logprobs"][:p + 1] + [float("-inf")] + rows[0]["logprobs"][p + 2:])
     write_shard(tmp_path / "shards", 1, rows)
-    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, temperature=0.6))
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, temperature=0.6, vllm_importance_sampling_mode=mode))
     t.train()
     out = t.gens[0]
     assert out["tool_mask"][0].tolist()[:5] == [1, 0, 1, 1, 1]  # the one token left the loss
     st = out["is_stats"]
-    assert st["nonfinite_tokens"] == 1 and all(math.isfinite(v) for v in st.values()) and st["min"] > 0.99, st
+    assert st["nonfinite_tokens"] == 1 and all(math.isfinite(v) for v in st.values()), st
     assert logged(t, "polar/is_nonfinite_tokens") == [1.0]
-    assert t.exclusions.excluded_tokens == {"nonfinite_logprob": 1}
+    adv = out["advantages"]
+    if mode == "token_truncate":
+        assert st["masked_frac"] == pytest.approx(1 / 20) and adv[0, 1] == 0 and (adv[0, [0, 2, 3, 4]] != 0).all()
+        assert t.exclusions.excluded_tokens == {"nonfinite_logprob": 1}
+    else:
+        assert st["masked_frac"] == pytest.approx(1 / 4) and adv[0, 0] == 0 and (adv[1:] != 0).all()
+        assert t.exclusions.excluded_tokens == {"nonfinite_logprob": 5}  # the whole row, counted
+    assert logged(t, "polar/excluded_tokens_total/nonfinite_logprob") == [t.exclusions.excluded_tokens["nonfinite_logprob"]]
+    assert logged(t, "polar/is_lost_token_share") == [pytest.approx(t.exclusions.excluded_tokens["nonfinite_logprob"] / 20)]
+
+
+def test_masked_sequences_are_counted_and_the_stop_sees_them(tmp_path, tiny_dir, qwen3):
+    """sequence_mask with a band the rows miss: every zeroed sequence's tokens are counted by reason in the
+    ledger, so the excluded share rises and max_excluded_share stops the run naming the cause."""
+    rows = [r for g in range(2) for r in group(qwen3, f"m{g}", n=2)]
+    p = rows[0]["prompt_len"]
+    rows = [dict(r, logprobs=r["logprobs"][:p] + [x - 1.0 for x in r["logprobs"][p:]]) for r in rows]  # ratio e^5
+    write_shard(tmp_path / "shards", 1, rows)
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, temperature=0.6, vllm_importance_sampling_mode="sequence_mask",
+                                 excluded_share_window=10, max_excluded_share=0.5))
+    t.train()
+    assert t.exclusions.excluded_tokens == {"is_ratio_high": 20} and t.exclusions.share == 1.0
+    assert logged(t, "polar/excluded_tokens_total/is_ratio_high") == [20]
+    with pytest.raises(ExcludedShareError, match=r"is_ratio_high: 100.0% .*Fix: the importance ratio exceeded"):
+        t.exclusions.check()
 
 
 def test_realign_gate_and_no_correction_below_it(tmp_path, tiny_dir, qwen3):
-    """A row re-rendered beyond max_realign_share: its episode excluded (counted). A row below it: no IS
-    correction (its ratio on a context the server never saw would be 1/e^2 per token here)."""
+    """A row re-rendered beyond max_realign_share: its episode excluded (counted). A row below it is
+    corrected on its own context (realign_is=correct, the default: ratio 1/e^2 per token here) and keeps
+    a non-zero weight; it is counted as realigned, not as exempt."""
     a = group(qwen3, "over", first={"realign_tokens": 10_000, "realign_classes": ["thinking-dropped"]})
     b = group(qwen3, "under", n=2, first={"realign_tokens": 3, "realign_classes": ["thinking-dropped"]})
     p = b[0]["prompt_len"]
@@ -196,9 +270,10 @@ def test_realign_gate_and_no_correction_below_it(tmp_path, tiny_dir, qwen3):
     assert dict(t.shard_rollout.stats.rows_excluded) == {"realign_share": 1}
     out = t.gens[0]
     adv = out["advantages"]
-    assert adv.shape == (4, 1) and (adv[2:] != 0).all()  # "under": the shifted row kept its advantage
-    assert logged(t, "polar/is_realign_exempt_rows") == [1]
-    assert logged(t, "polar/is_realign_exempt_token_share") == [pytest.approx(5 / 20)]
+    assert (adv[2:] != 0).all()  # "under": the shifted row kept its advantage
+    assert logged(t, "polar/is_realign_rows") == [1]  # realigned, corrected (realign_is=correct): none exempt
+    assert logged(t, "polar/is_realign_token_share") == [pytest.approx(5 / 20)]
+    assert logged(t, "polar/is_realign_exempt_rows") == [0] and logged(t, "polar/is_realign_exempt_token_share") == [0]
     assert logged(t, "polar/excluded_rows_total/realign_share") == [1]
 
 
@@ -221,3 +296,37 @@ def test_versions_incomplete_groups_and_metrics_in_log_history(tmp_path, tiny_di
                 "sampling/sampling_logp_difference/mean", "polar/is_kept_set_fix_share", "polar/excluded_share",
                 "polar/is_nonfinite_frac", "polar/excluded_rows_total/greedy", "polar/groups_lag_unknown_total"):
         assert key in h and math.isfinite(h[key]), key
+
+
+def test_off_policy_sequence_mask_is_refused_on_truncated_rows(tmp_path, tiny_dir, qwen3):
+    """TRL's OPSM reads mean(log mu - log pi_full): on truncated rows that is the kept mass, not staleness."""
+    with pytest.raises(ValueError, match="off_policy_mask_threshold .*truncated"):
+        config(tmp_path, off_policy_mask_threshold=0.5, vllm_importance_sampling_correction=False)
+    write_shard(tmp_path / "shards", 1, [r for g in range(2) for r in group(qwen3, f"o{g}", n=2)])
+    t = trainer(tiny_dir, config(tmp_path, learning_rate=0.0, temperature=0.6, off_policy_mask_threshold=0.5))
+    with pytest.raises(ValueError, match=r"off_policy_mask_threshold 0.5 .* 4 of 4 rows sampled with truncation "
+                                         r"\(T=0.6 top_k=20 top_p=0.95 min_p=0\).*kept mass"):
+        t.train()
+
+
+def test_default_mode_is_token_truncate():
+    from trainer.grpo_config import PolarGRPOConfig
+
+    f = PolarGRPOConfig.__dataclass_fields__
+    assert f["vllm_importance_sampling_mode"].default == "token_truncate"
+    assert f["vllm_importance_sampling_clip_max"].default == 3.0 and f["vllm_importance_sampling_clip_min"].default is None
+
+
+def test_ledger_late_counts_stay_with_their_batch():
+    """Tokens the trainer zeroes after reading a batch are merged with that batch's groups in the window:
+    the share never exceeds what the window read, even when the batch is larger than the window."""
+    led = ExclusionLedger(0.5, window=10)
+    led.add(10, {})
+    led.add(10, {"greedy": 2})  # the window (10 tokens) slid past the first group
+    led.add_late({"is_ratio_high": 10}, {"is_ratio_high": "10 of 20"})  # found in both groups
+    assert led.share == pytest.approx(12 / 20) and led.excluded_tokens == {"greedy": 2, "is_ratio_high": 10}
+    with pytest.raises(ExcludedShareError, match=r"of the last 20 trainable tokens.*is_ratio_high: 50.0% \(10 of 20\)"):
+        led.check()
+    led.add(30, {})
+    led.add_late({})  # a clean batch closes too
+    assert led.share == 0.0 and led.tokens == 50

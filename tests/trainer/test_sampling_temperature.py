@@ -95,10 +95,10 @@ def test_unknown_logprobs_mode_is_excluded_then_stops_with_the_fix(pi_shards, ti
 def test_trainer_logprobs_equal_served_ones_at_the_sampling_temperature(pi_shards, tiny_dir, tmp_path):
     rows = pq.read_table(next((pi_shards / "scaled").glob("shard-*.parquet"))).to_pylist()
     assert [r["temperature"] for r in rows] == [None, None]  # Pi set none: the server's default applied
-    # TRL's default IS mode: a temperature gap of 0.25 nat/token would mask every sequence
+    # TRL's default IS mode (polar's is token_truncate): a temperature gap of 0.25 nat/token would mask
+    # every sequence
     cfg = config(tmp_path, shards=str(pi_shards / "scaled"), learning_rate=0.0, temperature=0.6,
-                 per_device_train_batch_size=2)
-    assert cfg.vllm_importance_sampling_mode == "sequence_mask"
+                 per_device_train_batch_size=2, vllm_importance_sampling_mode="sequence_mask")
     t = trainer(tiny_dir, cfg)
     t.train()
     got = t.gens[0]

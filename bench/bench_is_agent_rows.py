@@ -1,0 +1,284 @@
+"""The importance ratio on long agent rows (issue 33): how much of a row each IS handling loses, and how
+far its weights sit from 1, against row length (2k / 8k / 32k tokens) under server/trainer mismatch,
+for polar's modes and, side by side on the same rows, TRL's, verl's and slime's handling.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_is_agent_rows.py [--positions 32768] [--vocab 32768] \
+        [--rows 64] [--lengths 2048 8192 32768] [--sampling 0.6,20,0.95,0] [--json out.json]
+
+Logits (not the random tiny model, whose near-uniform softmax crowds the top-k boundary): a synthetic
+vocabulary of ``--vocab`` ids (8,192 by default: the cuts fall in the top few dozen, the tail only sets
+the full-softmax mass the peers' pi_old reads, which a 151,936-id tail would make larger) whose logits
+at each position fall with the log of the rank, as a trained LM's do (Zipf: logit_r = top - alpha * ln
+r, plus N(0, 0.3^2) jitter per id that breaks the exact spacing), the top logit uniform in [18, 34]
+(Qwen3's raw logits are of that size, which sets the bf16 rounding step: 0.0625-0.125). alpha per
+position is a mixture: 65% U(4, 8) (a near-certain next token: code, JSON, tool-call syntax) and 35%
+U(1, 3) (an open choice). The script prints what that gives (the entropy, the top-1 probability and the
+mass top-k/top-p keep, at T=1 and at the sampling temperature).
+
+The server: those logits perturbed per condition (``exact``; + N(0, s^2) per logit, s = 0.01 / 0.03;
+rounded to bf16; noise 0.03 then bf16), sampled with vLLM 0.32's sampler order (bench/gpu_is_ratio.py
+``vllm_processed``: T, min_p, top_k, top_p; the processed logprob of the drawn token recorded as mu). The
+trainer: the unperturbed fp32 logits, pi_old of the drawn token by the repository's trainer code
+(trainer/behaviour_logprobs.py ``sampled_token_logprobs``), by a full softmax at T (what TRL, verl and
+slime compute), and renormalised over the server's own kept set (what a server-returned sampling mask
+would allow: vLLM ``--return-sampling-mask``, docs/training.md). ``--positions`` positions per condition
+are drawn once; rows of each length are resampled from them (``--rows`` rows per length).
+
+Handlings (weights per trainable token; a lost token has weight 0, its reason counted):
+- polar ``<mode>`` (trainer/is_correction.py, the repository's code): token_truncate / token_mask /
+  sequence_truncate / sequence_mask at clip_max 3 (clip_min None) and token_truncate at clip_max 2;
+- TRL 1.16 (use_vllm): full-softmax pi_old, sequence_mask, clip_max 3; a -inf pi_old zeroes the sequence;
+- verl rollout correction ``decoupled_token_is`` (token ratios clamped to <= 2, log ratio bounded to
+  [-20, 20]) and ``decoupled_geo_rs`` (geometric mean of the row's ratios outside [0.999, 1.001] rejects
+  the row, as does any token ratio < 1e-4: the veto), full-softmax pi_old;
+- slime ``--use-tis`` (token ratios clamped to [0, 2]) and icepop (token ratios outside [0.5, 2] zeroed),
+  full-softmax pi_old.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CONDITIONS = ("exact", "noise 0.01", "noise 0.03", "bf16", "noise 0.03 + bf16")
+POLAR = (("token_truncate", 3.0), ("token_truncate", 2.0), ("token_mask", 3.0), ("sequence_truncate", 3.0),
+         ("sequence_mask", 3.0))
+VANISHING = 1e-3  # a weight below this trains (almost) nothing, whether or not a mask zeroed it
+
+
+def synthetic_logits(n: int, vocab: int, gen):
+    """(n, vocab) float32 raw logits with a trained LM's rank-log shape (module doc)."""
+    import torch
+
+    open_choice = torch.rand(n, 1, generator=gen) < 0.35
+    alpha = torch.where(open_choice, 1 + 2 * torch.rand(n, 1, generator=gen), 4 + 4 * torch.rand(n, 1, generator=gen))
+    top = 18 + 16 * torch.rand(n, 1, generator=gen)
+    log_rank = torch.arange(1, vocab + 1, dtype=torch.float32).log()
+    z = top - alpha * log_rank + 0.3 * torch.randn(n, vocab, generator=gen)
+    perm = torch.randperm(vocab, generator=gen)  # ids are not ranks
+    return z[:, perm]
+
+
+def perturb(z, condition: str, gen):
+    import torch
+
+    if condition.startswith("noise"):
+        sigma = float(condition.split()[1])
+        z = z + sigma * torch.randn(z.shape, generator=gen)
+    if condition.endswith("bf16"):
+        z = z.bfloat16().float()
+    return z
+
+
+def shape_stats(z, t) -> dict:
+    """Entropy, top-1 probability and the mass the truncation keeps (at T=1 and at the sampling T)."""
+    from gpu_is_ratio import vllm_processed
+
+    out = {}
+    for temp in (1.0, t.temperature):
+        p = (z / temp).softmax(-1)
+        ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        kept = vllm_processed(z, temp, t.top_k, t.top_p, t.min_p).isfinite()
+        out[f"T={temp:g}"] = {"entropy_mean": float(ent.mean()), "entropy_median": float(ent.median()),
+                              "top1_prob_median": float(p.amax(-1).median()),
+                              "kept_mass_mean": float((p * kept).sum(-1).mean()),
+                              "kept_tokens_mean": float(kept.sum(-1).float().mean())}
+    return out
+
+
+def token_pool(n: int, vocab: int, t, condition: str, seed: int, chunk: int = 256) -> dict:
+    """Per position: mu (the server's processed logprob of its drawn token) and the trainer's pi_old by
+    the repository's rule, by a full softmax at T and over the server's kept set; ``added``: positions
+    where the trainer's rule re-added the drawn token."""
+    import torch
+    from gpu_is_ratio import vllm_processed, vllm_sample
+
+    from trainer.behaviour_logprobs import mask_logits_, sampled_token_logprobs
+
+    g_logits, g_noise, g_draw = (torch.Generator().manual_seed(seed + k) for k in range(3))
+    cols = {k: [] for k in ("mu", "polar", "full", "server_set", "added", "kept_differs", "top_gap")}
+    stats = None
+    for s in range(0, n, chunk):
+        m = min(chunk, n - s)
+        z = synthetic_logits(m, vocab, g_logits)
+        if stats is None:
+            stats = shape_stats(z, t)
+        zs = perturb(z, condition, g_noise)
+        proc = vllm_processed(zs, t.temperature, t.top_k, t.top_p, t.min_p)
+        tok, mu = vllm_sample(zs, t.temperature, t.top_k, t.top_p, t.min_p, g_draw, processed=proc)
+        lp, added = sampled_token_logprobs(z, tok, t)
+        zt = z / t.temperature
+        server_kept = proc.isfinite()
+        trainer_kept = mask_logits_(zt.clone(), t).isfinite()
+        top = z.topk(64, dim=-1).indices  # the ids any cut can fall between
+        cols["top_gap"].append((zs - z).gather(-1, top).abs().amax(-1))
+        cols["mu"].append(mu)
+        cols["polar"].append(lp)
+        cols["full"].append(zt.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
+        cols["server_set"].append(zt.masked_fill(~server_kept, -math.inf).log_softmax(-1).gather(-1, tok[:, None])[:, 0])
+        cols["added"].append(added)
+        cols["kept_differs"].append((server_kept != trainer_kept).any(-1))
+    out = {k: torch.cat(v) for k, v in cols.items()}
+    out["shape"] = stats
+    return out
+
+
+def polar_weights(d, mode: str, clip_max: float):
+    """(weights (R, L), lost {reason: (R, L) bool}) by the repository's trainer/is_correction.py."""
+    import torch
+
+    from trainer.is_correction import is_ratio_lost
+
+    mask = torch.ones_like(d, dtype=torch.long)
+    ratio, _, lost = is_ratio_lost(d, torch.zeros_like(d), mask, mode, None, clip_max)
+    w = ratio.expand_as(d) if ratio.size(1) == 1 else ratio
+    for v in lost.values():  # the trainer takes these out of the loss (grpo_trainer.py)
+        w = w.masked_fill(v, 0.0)
+    return w, lost
+
+
+def peer_weights(d, rule: str):
+    """(weights, lost by reason) for the peers' handling (module doc) of per-token log ratios d."""
+    import torch
+
+    finite = torch.isfinite(d)
+    if rule == "TRL 1.16 (sequence_mask 3)":
+        s = torch.nan_to_num(d, nan=0.0).sum(-1, keepdim=True)  # -inf stays: the sequence's ratio is 0
+        rho = s.exp()
+        high = rho > 3.0
+        return rho.masked_fill(high, 0.0).expand_as(d), {"ratio_high": high.expand_as(d)}
+    if rule == "verl token TIS (<= 2)":
+        return d.clamp(-20, 20).exp().clamp(max=2.0), {}
+    if rule == "verl geo RS + veto":
+        geo = (torch.where(finite, d, torch.zeros_like(d)).sum(-1, keepdim=True) / d.size(1)).exp()
+        veto = (~finite | (d < math.log(1e-4))).any(-1, keepdim=True)
+        rej = ((geo < 0.999) | (geo > 1.001)) & ~veto
+        return (~(rej | veto)).float().expand_as(d), {"geo_rejected": rej.expand_as(d), "veto": veto.expand_as(d)}
+    if rule == "slime TIS [0, 2]":
+        return d.exp().clamp(0.0, 2.0), {}
+    if rule == "slime icepop [0.5, 2]":
+        r = d.exp()
+        out = (r < 0.5) | (r > 2.0)
+        return r.masked_fill(out, 0.0), {"icepop": out}
+    raise ValueError(rule)
+
+
+PEERS = ("TRL 1.16 (sequence_mask 3)", "verl token TIS (<= 2)", "verl geo RS + veto", "slime TIS [0, 2]",
+         "slime icepop [0.5, 2]")
+
+
+def summarise(w, lost: dict, d) -> dict:
+    import torch
+
+    n = w.numel()
+    zero = w == 0
+    finite = torch.isfinite(d)
+    kept = ~zero
+    q = torch.quantile(w.flatten()[torch.randperm(n, generator=torch.Generator().manual_seed(0))[:200_000]].double(),
+                       torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
+    return {"lost_share": float(zero.float().mean()),
+            "lost_by_reason": {k: float(v.float().mean()) for k, v in lost.items() if bool(v.any())},
+            "vanishing_share": float(((w > 0) & (w < VANISHING)).float().mean()),
+            "weight_mean": float(w.double().mean()), "weight_p5": float(q[0]), "weight_p50": float(q[1]),
+            "weight_p95": float(q[2]),
+            "mean_log_weight_kept": float(w[kept].double().log().mean()) if bool(kept.any()) else float("nan"),
+            "mean_log_ratio_per_token": float(d[finite].double().mean())}
+
+
+def rows_of(pool: dict, key: str, rows: int, length: int, seed: int):
+    import torch
+
+    idx = torch.randint(0, pool["mu"].numel(), (rows, length), generator=torch.Generator().manual_seed(seed))
+    return (pool[key] - pool["mu"])[idx]
+
+
+def measure(a) -> dict:
+    from trainer.behaviour_logprobs import Transform
+
+    temp, k, p, minp = (float(x) for x in a.sampling.split(","))
+    t = Transform(temp, int(k), p, minp)
+    res = {"setup": {"positions": a.positions, "vocab": a.vocab, "rows_per_length": a.rows, "lengths": a.lengths,
+                     "sampling": str(t), "seed": a.seed}, "conditions": {}}
+    for cond in a.conditions:
+        t0 = time.perf_counter()
+        pool = token_pool(a.positions, a.vocab, t, cond, a.seed)
+        res["setup"].setdefault("logit_shape", pool.pop("shape"))
+        c = res["conditions"][cond] = {
+            "token_level": {"polar_minus_inf_share": float(pool["polar"].isneginf().float().mean()),
+                            "kept_set_fix_share": float(pool["added"].float().mean()),
+                            "kept_sets_differ_share": float(pool["kept_differs"].float().mean()),
+                            "mean_log_ratio_polar": float((pool["polar"] - pool["mu"])[pool["polar"].isfinite()].mean()),
+                            "mean_log_ratio_server_set": float((pool["server_set"] - pool["mu"]).mean()),
+                            "mean_log_ratio_full_softmax": float((pool["full"] - pool["mu"]).mean()),
+                            # the raw-logit gap server - trainer over each position's top 64 ids (LOGIT_TOL)
+                            "logit_gap_max": float(pool["top_gap"].max()),
+                            "logit_gap_p999": float(pool["top_gap"].quantile(0.999))},
+            "lengths": {}}
+        for length in a.lengths:
+            out = c["lengths"][str(length)] = {}
+            d = rows_of(pool, "polar", a.rows, length, a.seed + length)
+            for mode, clip in POLAR:
+                out[f"polar {mode} {clip:g}"] = summarise(*polar_weights(d, mode, clip), d)
+            ds = rows_of(pool, "server_set", a.rows, length, a.seed + length)
+            out["polar token_truncate 3 (server's mask)"] = summarise(*polar_weights(ds, "token_truncate", 3.0), ds)
+            df = rows_of(pool, "full", a.rows, length, a.seed + length)
+            for rule in PEERS:
+                out[rule] = summarise(*peer_weights(df, rule), df)
+        c["seconds"] = time.perf_counter() - t0
+        print(f"{cond}: {c['seconds']:.0f} s", file=sys.stderr, flush=True)
+    return res
+
+
+COLS = ("lost_share", "vanishing_share", "weight_mean", "weight_p5", "weight_p95", "mean_log_ratio_per_token")
+
+
+def table(res: dict, lengths=None, conditions=None) -> str:
+    lines = ["| condition | length | handling | " + " | ".join(COLS) + " | lost by reason |",
+             "|---" * (len(COLS) + 4) + "|"]
+    for cond, c in res["conditions"].items():
+        if conditions and cond not in conditions:
+            continue
+        for length, hs in c["lengths"].items():
+            if lengths and int(length) not in lengths:
+                continue
+            for h, v in hs.items():
+                why = ", ".join(f"{k} {x:.2%}" for k, x in v["lost_by_reason"].items()) or "-"
+                lines.append(f"| {cond} | {length} | {h} | " + " | ".join(f"{v[k]:.4g}" for k in COLS) + f" | {why} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--positions", type=int, default=16384, help="token positions drawn per condition")
+    ap.add_argument("--vocab", type=int, default=8192, help="ids per position (the cuts fall in the top few "
+                    "dozen; the tail only sets the full-softmax mass TRL/verl/slime read, larger with a larger vocab)")
+    ap.add_argument("--rows", type=int, default=64, help="rows per length, resampled from the positions")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 32768])
+    ap.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
+    ap.add_argument("--sampling", default="0.6,20,0.95,0", help="T,top_k,top_p,min_p (Qwen3's defaults)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    res = measure(a)
+    print(json.dumps(res["setup"]))
+    for cond, c in res["conditions"].items():
+        print(cond, json.dumps(c["token_level"]))
+    print(table(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
