@@ -1,4 +1,4 @@
-"""The importance ratio on long agent rows (issue 33): how much of a row each IS handling loses, and how
+"""The importance ratio on long agent rows: how much of a row each IS handling loses, and how
 far its weights sit from 1, against row length (2k / 8k / 32k tokens) under server/trainer mismatch,
 for polar's modes and, side by side on the same rows, TRL's, verl's and slime's handling.
 

@@ -20,7 +20,7 @@ class PolarGRPOConfig(GRPOConfig):
     ``use_vllm=False``."""
 
     # A sequence ratio multiplies every token's mismatch: on agent rows of thousands of tokens, bf16-level
-    # numerics alone take it out of any band (sequence_mask dropped 16-52% of 8k-token rows in issue 33's
+    # numerics alone take it out of any band (sequence_mask dropped 16-52% of 8k-token rows in the audit's
     # measurement); a truncated per-token ratio keeps every token at a weight near 1
     # (docs/benchmarks/trainer.md, bench/bench_is_agent_rows.py).
     vllm_importance_sampling_mode: str = field(default="token_truncate", metadata={

@@ -41,6 +41,11 @@ class LoopConfig:
     top_k: int | None = None
     top_p: float | None = None
     is_correction: bool = True  # TRL's vllm_importance_sampling_correction against the recorded logprobs
+    # A sequence ratio, not polar-train's per-token default: the loop's rows are a few tokens long (where
+    # a sequence mask costs nothing) and its ablations must show in the ratio: an off-by-one row
+    # (shifted_mask) on the tiny model differs by ~0.04 nats a token, which a per-token truncation keeps
+    # and a sequence product rejects (docs/training.md, Limitations).
+    is_mode: str = "sequence_mask"
     learning_rate: float = 2e-3  # Adam's first steps move every weight by ~lr: 2e-2 at T=0.6 can lose the target (seed 1)
     calibration_samples: int = 32
     target_fraction: float = 0.35  # of whole episodes (every turn must contain the target)
@@ -301,7 +306,8 @@ def run_closed_loop(cfg: LoopConfig) -> LoopResult:
             temperature=temperature, beta=0.0, logging_steps=1, seed=cfg.seed,
             save_strategy="no", report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False,
             disable_tqdm=True, shard_poll_interval=0.1, shard_wait_timeout=cfg.timeout,
-            vllm_importance_sampling_correction=cfg.is_correction, sync_server=serve_url, sync_steps=1, sync_keep=2,
+            vllm_importance_sampling_correction=cfg.is_correction, vllm_importance_sampling_mode=cfg.is_mode,
+            sync_server=serve_url, sync_steps=1, sync_keep=2,
             max_policy_lag=cfg.max_policy_lag)
         model = AutoModelForCausalLM.from_pretrained(str(cfg.model_dir), dtype=torch.float32)
         trainer = PolarGRPOTrainer(model=model, args=args, processing_class=tok)

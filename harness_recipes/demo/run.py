@@ -93,8 +93,8 @@ def sampling_temperature(shards: Path, default: float) -> float:
 def train(model: Path, shards: Path, ckpt: Path, samples: int, steps: int, served_default: float) -> None:
     temperature = sampling_temperature(shards, served_default)
     print(f"sampling temperature {temperature:g} (the trainer's logprobs use the same)", flush=True)
-    # TRL's default importance sampling (sequence_mask, clip 3.0): with the trainer at the server's
-    # temperature the ratios are ~1, so no demo sequence is masked.
+    # polar-train's default importance sampling (token_truncate, clip 3.0): with the trainer at the
+    # server's temperature the ratios are ~1, so no demo token is lost.
     run([sys.executable, "-m", "trainer.train_grpo", "--model", str(model), "--shards", str(shards),
          "--output_dir", str(ckpt), "--max_steps", str(steps), "--num_generations", str(samples),
          "--per_device_train_batch_size", str(samples), "--learning_rate", "1e-5", "--logging_steps", "1",

@@ -1,4 +1,4 @@
-"""trainer/grpo_config.py is a leaf of the trainer package (issue 30): it validates its fields from
+"""trainer/grpo_config.py is a leaf of the trainer package: it validates its fields from
 trainer/config_choices.py alone, and the modules that act on those values use the same constants."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/bench_is_agent_rows.py (issue 33) runs, small: on realistic logits at 8,192-token rows with 0.03 logit
+"""bench/bench_is_agent_rows.py runs, small: on realistic logits at 8,192-token rows with 0.03 logit
 noise and bf16 rounding, the default mode loses no token, and its mean log ratio is the mismatch's own (-KL,
 as with the server's kept set; docs/benchmarks/trainer.md has the full run), while TRL's handling (full-
 softmax pi_old, sequence_mask) gives every row weight 0."""
