@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CONDITIONS = ("exact", "noise 0.01", "noise 0.03", "bf16", "noise 0.03 + bf16")
 POLAR = (("token_truncate", 3.0), ("token_truncate", 2.0), ("token_mask", 3.0), ("sequence_truncate", 3.0),
