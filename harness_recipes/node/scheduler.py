@@ -18,11 +18,13 @@ from pathlib import Path
 import harness_recipes.node.episode as ep
 from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.records import Records
+from harness_recipes.node.upstream import upstream_failure
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.log import end_record as end
 from polar_contracts.log.end_record import read_head
+from polar_contracts.log.reader import read_episode
 from polar_contracts.log.table import LogError
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
@@ -96,11 +98,19 @@ class Pipeline:
                 if self.records.finished(task.id, sample):
                     self.stats.skipped += 1
                     continue
-                attempt = self.records.next_attempt(task.id, sample)
+                attempt = self._free_attempt(task.id, sample, self.records.next_attempt(task.id, sample))
                 jobs.append(Job(task, sample, attempt, ep.episode_id(task.id, sample, attempt)))
         self.jobs = jobs
         self.stats.phase_counts["queued"] = len(jobs)
         return jobs
+
+    def _free_attempt(self, task_id: str, sample: int, attempt: int) -> int:
+        """The first attempt from ``attempt`` whose episode has no log in LOGDIR yet. A log there that
+        this OUT does not record is another run's over the same proxy logdir: its episode may have
+        ended already (the proxy refuses its calls), so this run never reuses its id."""
+        while self.logdir is not None and (self.logdir / f"{ep.episode_id(task_id, sample, attempt)}.arrow").exists():
+            attempt += 1
+        return attempt
 
     def start(self, job: Job) -> asyncio.Task:
         """Run one more job while the pipeline runs (a fleet node pulls its jobs from a shared
@@ -161,6 +171,7 @@ class Pipeline:
                     env = ep.harness_env(self.recipe, values, self.settings, self._node_dir(sandbox))
                     res = await ep.run_harness(self.recipe, sandbox, values, env, job.task.timeout, self.settings)
                 self._note_harness(job, res)
+                await self._check_upstream(job)
             async with self._phase(job, "eval"):
                 await self._evaluate(job, sandbox)
             await sandbox.close()
@@ -192,6 +203,19 @@ class Pipeline:
         job.record.update(status=ep.harness_status(res), harness_rc=res.rc, harness_seconds=round(res.seconds, 3),
                           harness_stderr_tail=ep.tail(res.stderr))
         ep.save_output(self.records.episode_dir(job.eid), "harness", res)
+
+    async def _check_upstream(self, job: Job) -> None:
+        """An episode whose every model call the server refused (a wrong model name, the server
+        down behind the proxy) is an infrastructure error with the server's message, not a graded 0."""
+        if self.logdir is None:
+            return
+        try:
+            log = await asyncio.to_thread(read_episode, self.logdir / f"{job.eid}.arrow")
+        except LogError:
+            return  # no log (no call reached the proxy): the harness's own output says why
+        err = upstream_failure(log.calls)
+        if err:
+            raise RuntimeError(err)
 
     async def _evaluate(self, job: Job, sandbox: Sandbox) -> None:
         rec = job.record
@@ -265,6 +289,7 @@ class Pipeline:
                     return
             await asyncio.sleep(0.1)
         job.record.update(n_calls=head.n_calls, log_finished=head.finished)
+        self.records.link_log(path)
 
     def _finish(self, job: Job) -> None:
         rec = job.record
