@@ -46,7 +46,7 @@ def shard_episodes(out: Path) -> set[str]:
 
 def test_a_second_run_into_a_new_out_over_the_same_logdir(tmp_path, stack):
     proxy, logdir = stack
-    fix = fake_recipe(tmp_path, ["chat", "1", "fix", "calc.py", "return a - b", "return a + b"], name="fix")
+    fix = fake_recipe(tmp_path, ["chat", "1", "fix", "calc.py", "return a - b", "return a + b"], name="fix", via="path")
     first = run(tmp_path, proxy, logdir, tmp_path / "out1", fix)
     assert first.returncode == 0, first.stderr[-3000:]
     second = run(tmp_path, proxy, logdir, tmp_path / "out2", fix)
@@ -64,7 +64,7 @@ def test_a_second_run_into_a_new_out_over_the_same_logdir(tmp_path, stack):
 
 def test_a_model_the_server_does_not_serve_is_refused_up_front(tmp_path, stack):
     proxy, logdir = stack
-    fix = fake_recipe(tmp_path, ["chat", "1", "noop"], name="fix")
+    fix = fake_recipe(tmp_path, ["chat", "1", "noop"], name="fix", via="path")
     res = run(tmp_path, proxy, logdir, tmp_path / "out", fix, "--model", "no-such-model")
     assert res.returncode == 1, res.stderr
     assert "--model no-such-model: the server behind the proxy serves polar-model" in res.stderr
@@ -76,7 +76,7 @@ def test_an_episode_whose_every_call_failed_upstream_is_an_error_with_the_server
     """The recipe asks for a fixed model name the server does not serve (the preflight checks
     --model, which is right): every call gets the server's 404."""
     proxy, logdir = stack
-    recipe = fake_recipe(tmp_path, ["chat", "1", "noop"], name="fixed")
+    recipe = fake_recipe(tmp_path, ["chat", "1", "noop"], name="fixed", via="path")
     recipe.write_text(recipe.read_text().replace('FAKE_MODEL = "${model}"', 'FAKE_MODEL = "other-model"'))
     res = run(tmp_path, proxy, logdir, tmp_path / "out", recipe, "--recon", "none")
     assert res.returncode == 3, res.stderr
