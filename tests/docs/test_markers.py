@@ -1,6 +1,7 @@
 """Every command block in the docs is either run by a test or says why not (tests/docs/fenced.py)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,12 @@ def test_indented_and_tilde_fences(fence):
     text = f"- item\n\n  <!-- not-run: an example -->\n  {fence}bash\n  ls -l\n  {fence}\n"
     (b,) = blocks(text)
     assert b.marker == ("not-run", "an example") and b.text == "ls -l\n"
+
+
+def test_the_readme_installs_as_the_reference_and_the_makefile_do():
+    """torch first, at the one version setup.cfg pins (a plain `pip install .` may pull a CUDA build)."""
+    pin = re.search(r"^\s*torch==([\d.]+)\s*$", (REPO / "setup.cfg").read_text(), re.M).group(1)
+    (install,) = [b for b in command_blocks(REPO / "README.md") if "pip install ." in b.text]
+    assert f"pip install torch=={pin} && pip install ." in install.text
+    assert f"pip install torch=={pin}" in (REPO / "docs" / "reference.md").read_text()
+    assert f"pip install -q torch=={pin}" in (REPO / "Makefile").read_text()
