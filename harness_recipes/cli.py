@@ -437,7 +437,7 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     # Reconstruction reads this run's logs only (OUT/rollout/logs, linked as each episode is handed
     # off), never what other runs left in the same proxy logdir.
     records.logs.mkdir(exist_ok=True)
-    pipeline = Pipeline(recipe, exe, runtime, settings, records, logdir, limits)
+    pipeline = Pipeline(recipe, exe, runtime, settings, records, logdir, limits, link_logs=True)
     pipeline.plan(tasks, samples)
     _cancel_on_sigterm()
     watcher = _start_watch(records.logs, out, samples) if recon == "watch" else None

@@ -77,8 +77,10 @@ class Stats:
 class Pipeline:
     def __init__(self, recipe: Recipe, exe: Path, runtime: Runtime, settings: ep.Settings, records: Records,
                  logdir: Path | None, limits: Limits, on_change: Callable[[Pipeline], None] | None = None,
-                 log_wait: float = 5.0):
+                 log_wait: float = 5.0, link_logs: bool = False):
         self.recipe, self.exe, self.runtime, self.settings = recipe, exe, runtime, settings
+        # link each handed-off log into the records' logs/ (`run`: what its --recon builds)
+        self.link_logs = link_logs
         self.records, self.logdir, self.limits = records, logdir, limits
         self.on_change = on_change or (lambda p: None)
         self.log_wait = log_wait
@@ -289,7 +291,8 @@ class Pipeline:
                     return
             await asyncio.sleep(0.1)
         job.record.update(n_calls=head.n_calls, log_finished=head.finished)
-        self.records.link_log(path)
+        if self.link_logs:
+            self.records.link_log(path)
 
     def _finish(self, job: Job) -> None:
         rec = job.record
