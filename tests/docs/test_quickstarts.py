@@ -8,7 +8,7 @@ background (``&``) is stopped when the script ends. The only changes made to the
 
 - ``<id>`` -> ``quickstart-1`` and ``MODEL_DIR`` -> ``tiny-qwen3``: the placeholders the reader fills in;
 - ``FILE`` -> the running proxy's control-secret file (docs/rollout.md, whose proxy the test starts,
-  as that page says one must be running), and an optional ``[...]`` part left out;
+  as that page says one must be running), and its synopsis's optional ``[--...]`` parts left out;
 - the ports 8000 / 8080 / 8081 -> free ones (other processes on this machine may hold those);
 - ``--samples 4`` -> ``--samples 1``: three episodes show that the commands work; twelve only cost time.
 
@@ -48,11 +48,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def script(blocks, ports: dict[int, int], extra: dict[str, str] | None = None) -> str:
+def script(blocks, ports: dict[int, int], extra: dict[str, str] | None = None, synopsis: bool = False) -> str:
     text = "\n".join(b.text for b in blocks)
     for k, v in {**PLACEHOLDERS, **SCALE, **(extra or {})}.items():
         text = text.replace(k, v)
-    text = re.sub(r" *\[[^\]\n]*\]", "", text)  # optional parts: [--runtime local|docker] ...
+    if synopsis:  # a synopsis's optional parts, [--runtime local|docker] ... (never JSON's brackets)
+        text = re.sub(r" *\[--[^\]\n]*\]", "", text)
     for old, new in ports.items():
         text = re.sub(rf"\b{old}\b", str(new), text)
     return PREAMBLE + text
@@ -107,7 +108,7 @@ def test_rollout_md_quick_start(tmp_path):
     assert blocks, "docs/rollout.md's quick start has lost its run marker"
     with serve(tiny_model_dir(), script=REPO / "data" / "tasks" / "scripts" / "fix_tasks.json") as srv, \
             capture_proxy(srv.url, tmp_path / "logs") as proxy:
-        text = script(blocks, {8080: proxy.port}, {"FILE": str(proxy.secret_file)})
+        text = script(blocks, {8080: proxy.port}, {"FILE": str(proxy.secret_file)}, synopsis=True)
         res = run_script(text, tmp_path)
     assert res.returncode == 0, res.stdout[-8000:]
     recs = episodes(tmp_path / "out")
