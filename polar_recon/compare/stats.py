@@ -221,7 +221,7 @@ def _rewarded(data: Data, h: str, eps: pl.DataFrame) -> tuple[pl.DataFrame, str]
     were built, else the logs' end records (a bare log directory; discarded episodes left out)."""
     if eps.height or data.ends.is_empty():
         return eps.select("episode_id", "reward"), "shards"
-    ends = data.ends.filter((pl.col("harness") == h) & ~pl.col("meta").struct.field("discard").fill_null(False))
+    ends = data.ends.filter((pl.col("harness") == h) & ~pl.col("discarded"))
     return ends.select("episode_id", pl.col("reward").cast(pl.Float64)), "end records"
 
 
