@@ -2,16 +2,15 @@
 
 A recipe whose model name the server does not serve (the harness asks for ``--model``, the server
 serves another) would otherwise end every episode ``done`` with reward 0, the cause only in the
-harness's own output. So ``polar-rollout run`` asks the server's model list through the proxy first
-(``preflight_model``: ``GET /v1/models`` is forwarded, never captured), and after each harness run
-reads the episode's capture log (``upstream_failure``): when every model call the harness made was
-answered with an error status, the episode is an infrastructure error carrying the server's message,
-ended at the proxy as discarded, and run again on restart.
+harness's own output. So ``polar-rollout run`` asks the server's model list through the proxy
+first (``served_models``, ``model_mismatch``: ``GET /v1/models`` is forwarded, never captured), and
+after each harness run reads the episode's capture log (``upstream_failure``): when every model call
+the harness made was answered with an error status, the episode is an infrastructure error carrying
+the server's message, ended at the proxy as discarded, and run again on restart.
 """
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
