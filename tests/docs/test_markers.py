@@ -94,3 +94,19 @@ def test_the_readme_installs_as_the_reference_and_the_makefile_do():
     assert f"pip install torch=={pin} && pip install ." in install.text
     assert f"pip install torch=={pin}" in (REPO / "docs" / "reference.md").read_text()
     assert f"pip install -q torch=={pin}" in (REPO / "Makefile").read_text()
+
+
+def test_a_documented_proxy_holds_the_secret_its_rollout_passes():
+    """A block that starts a capture proxy and passes --control-secret-file X starts that proxy with
+    polar_control_secret_file=X (run or not: docs/swebench.md's quick start once did not)."""
+    bad = []
+    for f in doc_files():
+        for b in command_blocks(f):
+            text = b.text.replace("\\\n", " ")
+            passed = set(re.findall(r"--control-secret-file\s+(\S+)", text))
+            if "mitmdump" in text and passed:
+                given = set(re.findall(r"polar_control_secret_file=(\S+)", text))
+                if passed - given:
+                    bad.append(f"{b.where()}: passes --control-secret-file {sorted(passed - given)} to a proxy "
+                               f"started with {sorted(given) or 'no secret'}")
+    assert not bad, "\n".join(bad)
