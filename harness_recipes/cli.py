@@ -35,6 +35,7 @@ from harness_recipes.node.records import Records
 from harness_recipes.node.run_metrics import REPORT_TO, RunMetrics
 from harness_recipes.node.scheduler import Limits, Pipeline
 from harness_recipes.node.tb_events import EventWriter
+from harness_recipes.node.upstream import model_mismatch, served_models
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
 from harness_recipes.recipes.limits import Limits as SandboxLimits
 from harness_recipes.recipes.limits import human, parse_limits
@@ -43,7 +44,7 @@ from harness_recipes.runtimes import make_runtime
 from harness_recipes.runtimes.file_tree import Budget
 from harness_recipes.tasks.swebench.instances import is_swebench_spec, load_instances
 from harness_recipes.tasks.task_file import TaskError, load_swebench, load_tasks
-from polar_contracts.control import OPEN, read_secret_file
+from polar_contracts.control import OPEN, new_secret, read_secret_file, write_secret_file
 from trainer.ray_join import RayJoinError
 
 
@@ -168,7 +169,8 @@ def main() -> None:
 @runtime_options
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
-@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1),
+              help="evaluations (grading in a fresh sandbox) at once")
 @click.option("--sequential", is_flag=True, help="no pipelining: one episode through all phases at a time")
 @click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
 @click.option("--api-key-env", default=None, metavar="VAR",
@@ -187,13 +189,17 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
         logdir, out, runtime, isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon,
         keep_workspaces, no_progress, report_to, logging_dir, grading_budget) -> None:
     """Run SAMPLES episodes per task and record each one's status; restarting skips finished ones."""
+    # A relative --out / --logdir is relative to where the command was run, once: sandboxes, git and
+    # the grader run in other working directories.
+    out, logdir = Path(out).resolve(), Path(logdir).resolve()
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file, api_key_env)
     settings.grading_budget = parse_budget(grading_budget)
     _check_proxy_control(settings, unsafe_open_proxy)
+    _check_model(settings)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
     # Episode directories live under OUT, not /tmp: Codex refuses to set up its helpers under a temp dir.
-    work = Path(out) / "rollout" / "work"
+    work = out / "rollout" / "work"
     work.mkdir(parents=True, exist_ok=True)
     opts = _runtime_opts(runtime, isolation, keep=keep_workspaces)
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
@@ -201,7 +207,7 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
         rt = make_runtime(runtime, workdir=str(work), recipe_limits=rec.limits, **opts)
         metrics_dir = None if report_to == "none" else Path(logging_dir or Path(out) / "runs")
         code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
-                                Path(logdir), Path(out), limits, recon, not no_progress, metrics_dir))
+                                logdir, out, limits, recon, not no_progress, metrics_dir))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
         click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "
                    "Run the same command again to resume.", err=True)
@@ -234,7 +240,8 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
 @runtime_options
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1), help="harness runs at once per node")
 @click.option("--prewarm", default=2, show_default=True, type=click.IntRange(1), help="workspaces prepared ahead")
-@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--eval-concurrency", default=2, show_default=True, type=click.IntRange(1),
+              help="evaluations (grading in a fresh sandbox) at once per node")
 @click.option("--model", default="polar-model", show_default=True, help="model name the harness asks for")
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="environment variable holding the API key the harness sends (never given on the command line)")
@@ -439,6 +446,18 @@ def _check_proxy_control(settings: ep.Settings, allow_open: bool) -> None:
     settings.control_plane = control if control is not None else settings.control_plane
 
 
+def _check_model(settings: ep.Settings) -> None:
+    """Refuse a --model the server does not serve before any episode (node/upstream.py)."""
+    served = served_models(settings.proxy, settings.control_secret)
+    if served is None:
+        click.echo(f"polar-rollout: could not read the served models through {settings.proxy} (GET /v1/models); "
+                   f"not checked that the server serves --model {settings.model}", err=True)
+        return
+    why = model_mismatch(settings.model, served)
+    if why:
+        raise click.ClickException(why)
+
+
 def _runtime_opts(runtime: str, isolation: str, keep: bool = False) -> dict:
     # The sandbox limits given on the command line (runtime_options), over the recipe's [limits]
     # (make_runtime's recipe_limits) over the defaults.
@@ -477,10 +496,14 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
                metrics_dir: Path | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logdir.mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(recipe, exe, runtime, settings, Records(out), logdir, limits)
+    records = Records(out)
+    # Reconstruction reads this run's logs only (OUT/rollout/logs, linked as each episode is handed
+    # off), never what other runs left in the same proxy logdir.
+    records.logs.mkdir(exist_ok=True)
+    pipeline = Pipeline(recipe, exe, runtime, settings, records, logdir, limits, link_logs=True)
     pipeline.plan(tasks, samples)
     _cancel_on_sigterm()
-    watcher = _start_watch(logdir, out, samples) if recon == "watch" else None
+    watcher = _start_watch(records.logs, out, samples) if recon == "watch" else None
     view = Progress(enabled=progress)
     pipeline.on_change = view.update
     metrics = RunMetrics(EventWriter(metrics_dir), logdir) if metrics_dir is not None else None
@@ -502,7 +525,10 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     if recon in ("build", "watch"):
         # After watch: one last build picks up what finished after its last scan (build skips
         # episodes already in OUT).
-        code = _build(logdir, out)
+        if any(records.logs.glob("*.arrow")):
+            code = _build(records.logs, out)
+        else:
+            view.console.print(f"no episode logs in {records.logs}: nothing to build")
     errors = pipeline.stats.statuses.get(ep.ERROR, 0)
     if errors:
         view.console.print(f"{errors} episode(s) ended in 'error' (see {out}/rollout/episodes.jsonl); "
@@ -554,11 +580,12 @@ def attack(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy
     Two episodes of the first task run the recipe's environment and config files with the
     adversarial agent (harness_recipes/attacks/agent.py) in place of the harness. Each attack's
     verdict is read from outside the sandbox. Exit status 1 when any attack was not stopped."""
+    out, logdir = Path(out).resolve(), Path(logdir).resolve()  # relative to where the command was run (as `run`)
     rec, tasks, settings = _episode_setup(recipe, (tasks_path, swebench, repos, instances, limit), runtime, proxy,
                                           model, control_secret_file)
     settings.grading_budget = parse_budget(grading_budget)
     exe = ensure_installed(rec, log=lambda m: click.echo(m, err=True))
-    work = Path(out) / "rollout" / "work"
+    work = out / "rollout" / "work"
     work.mkdir(parents=True, exist_ok=True)
     Path(logdir).mkdir(parents=True, exist_ok=True)
     try:
@@ -588,6 +615,27 @@ def install(recipe) -> None:
     except RecipeError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"{r.name}: {ensure_installed(r)} ({installed_version(r)})")
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+def secret(file) -> None:
+    """Write a fresh control secret to FILE (mode 0600) for the proxy (polar_control_secret_file)
+    and `run --control-secret-file`. A FILE that already holds a valid secret is kept, so running
+    it twice is harmless; anything else there is an error, never overwritten."""
+    path = Path(file)
+    if path.exists() or path.is_symlink():
+        try:
+            read_secret_file(path)
+        except ValueError as e:
+            raise click.ClickException(f"{e}; not overwritten: remove it, or give another FILE") from None
+        click.echo(f"{file}: already holds a control secret, kept")
+        return
+    if not path.parent.is_dir():
+        raise click.ClickException(f"{path.parent}: no such directory (create it, or give FILE in an existing one)")
+    write_secret_file(path, new_secret())
+    click.echo(f"{file}: new control secret (mode 0600); start the proxy with --set polar_control_secret_file={file} "
+               f"and pass --control-secret-file {file} to polar-rollout run")
 
 
 @main.command()

@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from polar_contracts.log import end_record as end
-from polar_contracts.log.arrays import Episode, read_calls
-from polar_contracts.log.table import LogError
+from polar_contracts.log.arrays import Episode, list_logs, read_calls
+from polar_contracts.log.table import LogError, read_batches
+from polar_contracts.shards import MANIFEST, SHARD_GLOB
 from polar_recon.shard_writer import ManifestError
 
 from .build import Options, Report, RewardsError, load_rewards, model_max_len
@@ -28,7 +29,20 @@ def _tqdm(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="ep", file=sys.stderr, disable=None, leave=False)
 
 
-def _echo_report(r: Report, out: Path | None = None) -> None:
+def _torn(logdir: Path, eids: list[str]) -> set[str]:
+    """The unfinished logs whose last bytes are cut mid-record: a damaged copy, or a writer killed
+    (or, in a live logdir, still) mid-write; said so rather than just "not finished"."""
+    torn = set()
+    for eid in eids:
+        try:
+            if read_batches(logdir / f"{eid}.arrow")[2]:
+                torn.add(eid)
+        except (LogError, OSError):
+            continue
+    return torn
+
+
+def _echo_report(r: Report, out: Path | None = None, torn: set[str] = frozenset()) -> None:
     for path, msg in r.errors:
         click.echo(f"error: {msg if path in msg else f'{path}: {msg}'}", err=True)
     if r.no_reward:
@@ -36,8 +50,12 @@ def _echo_report(r: Report, out: Path | None = None) -> None:
     if r.discarded:
         click.echo(f"excluded, discarded by the rollout (metadata.discard) ({len(r.discarded)}): "
                    f"{', '.join(sorted(r.discarded))}", err=True)
-    if r.unfinished:
-        click.echo(f"not finished, skipped ({len(r.unfinished)}): {', '.join(sorted(r.unfinished))}", err=True)
+    if torn:
+        click.echo(f"corrupt, not finished: cut mid-record (a truncated copy, or a proxy killed mid-write), skipped "
+                   f"({len(torn)}): {', '.join(sorted(torn))}", err=True)
+    unfinished = sorted(set(r.unfinished) - set(torn))
+    if unfinished:
+        click.echo(f"not finished, skipped ({len(unfinished)}): {', '.join(unfinished)}", err=True)
     for gid, n in sorted(r.waiting.items()):
         click.echo(f"group {gid}: {n} episodes finished, waiting for the rest (not built)", err=True)
     if r.excluded_calls:
@@ -132,12 +150,31 @@ def build(logdir, out, strategy, rewards, group_by, shard_size, group_size, max_
     """Build every finished episode of LOGDIR not yet in OUT into OUT/shard-NNNNNN.parquet."""
     opts = _options(strategy, rewards, group_by, shard_size, group_size, tokenizer, include_incomplete, max_len, model,
                     exclude_rejected_retries, check)
+    _check_logdir(Path(logdir), Path(out))
     try:
         report = build_shards(logdir, out, opts, progress_factory=_tqdm)
     except (ManifestError, LogError) as exc:
         raise click.ClickException(str(exc)) from None
-    _echo_report(report)
+    except KeyboardInterrupt:
+        # the manifest is saved per group: what was built stays built, a rerun goes on from there
+        click.echo("polar-recon build: interrupted; the groups written so far are in the manifest, "
+                   "run it again to go on", err=True)
+        sys.exit(130)
+    _echo_report(report, torn=_torn(Path(logdir), report.unfinished))
     sys.exit(1 if report.errors else 0)
+
+
+def _check_logdir(logdir: Path, out: Path) -> None:
+    """A build over no logs is a mistake (a wrong directory, LOGDIR and OUT swapped), never `built 0`."""
+    if list_logs(logdir):
+        return
+    if any(logdir.glob(SHARD_GLOB)) or (logdir / MANIFEST).exists():
+        raise click.UsageError(f"LOGDIR {logdir} holds shards, not capture logs: the arguments are LOGDIR (the "
+                               f"proxy's polar_logdir, *.arrow) then OUT (where shards go); swapped?")
+    raise click.ClickException(f"no capture logs (*.arrow) in {logdir}: LOGDIR is the proxy's polar_logdir "
+                               f"(mitmdump --set polar_logdir=DIR); nothing was built"
+                               + (f" (OUT {out} has logs: swapped arguments?)"
+                                  if out.is_dir() and list_logs(out) else ""))
 
 
 @main.command()

@@ -92,7 +92,9 @@ async def grade_episode(runtime: Runtime, task: Task, eid: str, agent: Sandbox, 
 
 async def _grade(runtime: Runtime, task: Task, eid: str, agent: Sandbox, exe: Path, base_path: str,
                  outdir: Path, workdir: str | None, budget: Budget | None) -> Graded:
-    tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{eid}-", dir=workdir))
+    # Absolute: the object store's git runs in other working directories, where a relative
+    # --out (as the docs write it) would name another place.
+    tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{eid}-", dir=Path(workdir).resolve() if workdir else None))
     try:
         store = await asyncio.to_thread(ObjectStore, tmp / "objects.git", budget)
         try:

@@ -12,6 +12,17 @@ from rich.table import Table
 from harness_recipes.node.scheduler import PHASES, Pipeline
 
 
+def make_console() -> Console:
+    """stderr; piped (CI logs, `| tee`) as wide as a line needs, not rich's default 80 columns,
+    which cuts the tables and wraps the per-episode lines."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def shown_changes(files: list[str]) -> list[str]:
+    """The changed files worth a glance: not the bytecode a Python run leaves behind."""
+    return [f for f in files if "__pycache__/" not in f and not f.endswith((".pyc", ".pyo"))]
+
+
 def summary_table(p: Pipeline, title: str = "polar-rollout") -> Table:
     s = p.stats
     t = Table(title=title, show_header=True, header_style="bold")
@@ -34,7 +45,7 @@ class Progress:
     """A rich Live view on a terminal; one plain line per finished episode otherwise (CI logs)."""
 
     def __init__(self, enabled: bool = True, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console()
         self.live_mode = enabled and sys.stderr.isatty()
         self.live: Live | None = None
         self._last = 0.0
@@ -63,7 +74,8 @@ class Progress:
             self._printed.add(j.eid)
             r = j.record
             self.console.print(f"[rollout] {r['episode_id']}: {r['status']} reward={r['reward']} "
-                               f"calls={r.get('n_calls', '?')} changed={r.get('changed_files', [])}")
+                               f"calls={r.get('n_calls', '?')} changed={shown_changes(r.get('changed_files', []))}"
+                               + (f" error={r['error'][:300]}" if r.get("error") else ""), soft_wrap=True)
 
 
 class FleetView:
@@ -71,7 +83,7 @@ class FleetView:
     plain line every few seconds (--no-progress, CI logs)."""
 
     def __init__(self, enabled: bool = True, every_s: float = 5.0):
-        self.console = Console(stderr=True)
+        self.console = make_console()
         self.live_mode = enabled and sys.stderr.isatty()
         self.live = None
         self.every, self._last = every_s, 0.0

@@ -15,12 +15,12 @@ import urllib.request
 
 from polar_contracts.control import OPEN, SECURED, STATUS_PATH, control_headers
 
+# Every step runs as written in the directory the user is in (no system directory that may not exist).
 HOW_TO_SECURE = (
     "Start the proxy with a control secret: write one with\n"
-    "  python -c \"from polar_contracts.control import new_secret, write_secret_file as w; "
-    "w('/run/polar/control-secret', new_secret())\"\n"
-    "run mitmdump with --set polar_control_secret_file=/run/polar/control-secret, and pass "
-    "--control-secret-file /run/polar/control-secret here (docs/security.md).")
+    "  polar-rollout secret polar-control-secret\n"
+    "restart mitmdump with --set polar_control_secret_file=polar-control-secret, and pass "
+    "--control-secret-file polar-control-secret here (docs/security.md).")
 
 
 class ProxyControlError(Exception):

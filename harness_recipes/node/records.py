@@ -56,3 +56,21 @@ class Records:
 
     def episode_dir(self, eid: str) -> Path:
         return self.dir / eid
+
+    @property
+    def logs(self) -> Path:
+        """OUT/rollout/logs: this run's episode logs (links to LOGDIR's), what `--recon` builds and
+        `polar-recon compare OUT` reads; never the logs other runs wrote into the same proxy logdir."""
+        return self.dir / "logs"
+
+    def link_log(self, log: Path) -> None:
+        """Add one episode's capture log to ``logs``: a hard link (the same file, complete once the
+        proxy ended it), a symbolic link across filesystems."""
+        self.logs.mkdir(exist_ok=True)
+        dest = self.logs / log.name
+        if dest.exists() or dest.is_symlink():
+            return
+        try:
+            os.link(log, dest)
+        except OSError:
+            dest.symlink_to(log.resolve())

@@ -18,12 +18,14 @@ from pathlib import Path
 import harness_recipes.node.episode as ep
 from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.records import Records
+from harness_recipes.node.upstream import upstream_failure
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
 from harness_recipes.runtimes.limits import LimitHit
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.log import end_record as end
 from polar_contracts.log.end_record import read_head
+from polar_contracts.log.reader import read_episode
 from polar_contracts.log.table import LogError
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
@@ -76,8 +78,10 @@ class Stats:
 class Pipeline:
     def __init__(self, recipe: Recipe, exe: Path, runtime: Runtime, settings: ep.Settings, records: Records,
                  logdir: Path | None, limits: Limits, on_change: Callable[[Pipeline], None] | None = None,
-                 log_wait: float = 5.0):
+                 log_wait: float = 5.0, link_logs: bool = False):
         self.recipe, self.exe, self.runtime, self.settings = recipe, exe, runtime, settings
+        # link each handed-off log into the records' logs/ (`run`: what its --recon builds)
+        self.link_logs = link_logs
         self.records, self.logdir, self.limits = records, logdir, limits
         self.on_change = on_change or (lambda p: None)
         self.log_wait = log_wait
@@ -97,11 +101,19 @@ class Pipeline:
                 if self.records.finished(task.id, sample):
                     self.stats.skipped += 1
                     continue
-                attempt = self.records.next_attempt(task.id, sample)
+                attempt = self._free_attempt(task.id, sample, self.records.next_attempt(task.id, sample))
                 jobs.append(Job(task, sample, attempt, ep.episode_id(task.id, sample, attempt)))
         self.jobs = jobs
         self.stats.phase_counts["queued"] = len(jobs)
         return jobs
+
+    def _free_attempt(self, task_id: str, sample: int, attempt: int) -> int:
+        """The first attempt from ``attempt`` whose episode has no log in LOGDIR yet. A log there that
+        this OUT does not record is another run's over the same proxy logdir: its episode may have
+        ended already (the proxy refuses its calls), so this run never reuses its id."""
+        while self.logdir is not None and (self.logdir / f"{ep.episode_id(task_id, sample, attempt)}.arrow").exists():
+            attempt += 1
+        return attempt
 
     def start(self, job: Job) -> asyncio.Task:
         """Run one more job while the pipeline runs (a fleet node pulls its jobs from a shared
@@ -162,6 +174,7 @@ class Pipeline:
                     env = ep.harness_env(self.recipe, values, self.settings, self._node_dir(sandbox))
                     res = await ep.run_harness(self.recipe, sandbox, values, env, job.task.timeout, self.settings)
                 self._note_harness(job, res)
+                await self._check_upstream(job)
             async with self._phase(job, "eval"):
                 await self._evaluate(job, sandbox)
             await sandbox.close()
@@ -198,6 +211,19 @@ class Pipeline:
         if res.limit:  # which limit, and how far it went (resource_limit)
             job.record["error"] = res.limit
         ep.save_output(self.records.episode_dir(job.eid), "harness", res)
+
+    async def _check_upstream(self, job: Job) -> None:
+        """An episode whose every model call the server refused (a wrong model name, the server
+        down behind the proxy) is an infrastructure error with the server's message, not a graded 0."""
+        if self.logdir is None:
+            return
+        try:
+            log = await asyncio.to_thread(read_episode, self.logdir / f"{job.eid}.arrow")
+        except LogError:
+            return  # no log (no call reached the proxy): the harness's own output says why
+        err = upstream_failure(log.calls)
+        if err:
+            raise RuntimeError(err)
 
     async def _evaluate(self, job: Job, sandbox: Sandbox) -> None:
         rec = job.record
@@ -271,6 +297,8 @@ class Pipeline:
                     return
             await asyncio.sleep(0.1)
         job.record.update(n_calls=head.n_calls, log_finished=head.finished)
+        if self.link_logs:
+            self.records.link_log(path)
 
     def _finish(self, job: Job) -> None:
         rec = job.record

@@ -31,6 +31,21 @@ def _fig_html(fig, div_id: str, height: int) -> str:
                                               config={"displaylogo": False, "responsive": True}) + "</div>"
 
 
+def _no_data(fig, why: str):
+    """An empty figure says so: plotly would draw bare -1..1 axes, which read as a broken plot."""
+    fig.add_annotation(text=f"no data: {why}", xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font=dict(size=16, color="#777"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _share_range(shares: list[float]) -> list[float]:
+    """A share axis from 0 to at least 5%: a 0.07% share is drawn as the sliver it is, not as a full
+    bar on an axis autoscaled to 0.07%."""
+    return [0, max(0.05, 1.2 * max(shares, default=0.0))]
+
+
 def _colors(names: list[str]) -> dict[str, str]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
 
@@ -40,7 +55,7 @@ def _reward_fig(hs: dict[str, Any]):
     from plotly.subplots import make_subplots
 
     names = list(hs)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("reward mean, 95% CI (Student t)",
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("reward mean, 95% CI (within the rewards' range)",
                                                           "solve rate, 95% CI (Wilson)"))
     def err(vals, ci):
         return dict(type="data", symmetric=False, array=[(c[1] - v) if c else 0 for v, c in zip(vals, ci)],
@@ -53,6 +68,8 @@ def _reward_fig(hs: dict[str, Any]):
                          name="solve rate", marker_color="#54a24b"), 1, 2)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
     fig.update_layout(title="Reward and solve rate per harness", showlegend=False)
+    if not any(hs[n]["reward"]["n"] for n in names):
+        return _no_data(fig, "no episode has a reward (no shards, no end records)")
     return fig
 
 
@@ -73,6 +90,8 @@ def _box_fig(hs: dict[str, Any]):
                                  upperfence=[q["max"]], mean=[q["mean"]], name=n, marker_color=col[n],
                                  showlegend=i == 1), 1, i)
     fig.update_layout(title="Where each harness's tokens go (per episode, from the capture logs)")
+    if not fig.data:
+        return _no_data(fig, "no capture logs read (pass --logdir LOGDIR)")
     return fig
 
 
@@ -85,6 +104,8 @@ def _phase_fig(hs: dict[str, Any]):
                              name=p, marker_color=c))
     fig.update_layout(barmode="stack", title="Wall time per phase (mean seconds per episode, rollout records)",
                       yaxis_title="seconds")
+    if not any(h["phases_s"] for h in hs.values()):
+        return _no_data(fig, "no rollout records (polar-rollout's OUT/rollout/episodes.jsonl)")
     return fig
 
 
@@ -103,8 +124,11 @@ def _fidelity_fig(hs: dict[str, Any]):
     fig.add_trace(go.Bar(x=list(hs), y=[h["fidelity"]["chain_breaks"] / max(1, h["episodes"]["built"])
                                         for h in hs.values()], name="breaks / episode", marker_color="#e45756",
                          showlegend=False), 1, 2)
-    fig.update_yaxes(tickformat=".2%", row=1, col=1)
+    stacked = [sum(c.get("share", 0) for c in h["fidelity"]["classes"].values()) for h in hs.values()]
+    fig.update_yaxes(tickformat=".2%", range=_share_range(stacked), row=1, col=1)
     fig.update_layout(barmode="stack", title="Context fidelity (shard fidelity columns)")
+    if not any(h["fidelity"]["rows"] for h in hs.values()):
+        return _no_data(fig, "no shard rows")
     return fig
 
 
@@ -121,6 +145,8 @@ def _termination_fig(hs: dict[str, Any]):
                              name=f"excluded: {k}", marker_pattern_shape="/"))
     fig.update_layout(barmode="stack", title="How episodes ended (built: termination; left out: reason)",
                       yaxis_title="episodes", showlegend=True)
+    if not kinds and not ex:
+        return _no_data(fig, "no episode built or left out")
     return fig
 
 
@@ -139,6 +165,8 @@ def _version_fig(hs: dict[str, Any]):
                                  line_color=col[n], showlegend=False), 1, 2)
     fig.update_xaxes(type="category")
     fig.update_layout(title="Per policy version (the weight version that served each episode's first row)")
+    if not any(h["by_weight_version"] for h in hs.values()):
+        return _no_data(fig, "no shard rows")
     return fig
 
 

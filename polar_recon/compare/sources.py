@@ -3,7 +3,8 @@
 An INPUT is one of
 - a fleet store (``shards/``, ``logs/``, ``rollout/records/``: harness_recipes/fleet/store.py) or the
   demo's output (``shards/``, ``logs/``, ``rollout/episodes.jsonl``);
-- a ``polar-rollout run --out`` directory (``shard-*.parquet`` and ``rollout/episodes.jsonl``);
+- a ``polar-rollout run --out`` directory (``shard-*.parquet``, ``rollout/episodes.jsonl`` and the run's
+  own logs in ``rollout/logs/``);
 - an experiment's store root, ``<store>/<recipe>/`` one store per harness (fleet/experiment.py);
 - a log directory (``*.arrow`` only): its episodes are grouped by their end metadata's harness.
 ``NAME=PATH`` names the harness of PATH (default: the records' harness, else the directory name).
@@ -54,8 +55,10 @@ def _one(p: Path, label: str | None) -> Source:
     if rec_dir.is_dir():
         records += sorted(rec_dir.glob("*.json"))
     manifest = shard_dir / MANIFEST
+    # logs/: a store's or the demo's; rollout/logs/: a `polar-rollout run` OUT's own episodes' logs
+    logdirs = [d for d in (p / "logs", p / "rollout" / "logs") if d.is_dir()]
     return Source(label=label, root=p, shards=_shards(shard_dir), manifest=manifest if manifest.is_file() else None,
-                  records=records, logdirs=[p / "logs"] if (p / "logs").is_dir() else [])
+                  records=records, logdirs=logdirs)
 
 
 def resolve(inputs: list[str], logdirs: list[str | os.PathLike] = ()) -> list[Source]:

@@ -27,16 +27,22 @@ def t95(n: int) -> float:
 
 
 def mean_ci(values: pl.Series) -> dict[str, Any]:
-    """Mean and its 95% confidence interval (Student t on the sample standard deviation)."""
+    """Mean and its 95% confidence interval, never outside the values' range: a reward that is only
+    ever 0 or 1 is a proportion (Wilson score interval, within [0, 1]); any other, Student t on the
+    sample standard deviation clipped to [min, max] (with two episodes the t interval alone spans
+    many times the range: 0.5 [-5.85, 6.85] for a 0 and a 1). ``ci_method`` names which."""
     v = values.drop_nulls().cast(pl.Float64)
     n = v.len()
     if n == 0:
-        return {"n": 0, "mean": None, "ci95": None}
+        return {"n": 0, "mean": None, "ci95": None, "ci_method": None}
     mean = float(v.mean())
     if n < 2:
-        return {"n": 1, "mean": mean, "ci95": None}
+        return {"n": 1, "mean": mean, "ci95": None, "ci_method": None}
+    if v.is_in([0.0, 1.0]).all():
+        return {"n": n, "mean": mean, "ci95": wilson(int(v.sum()), n), "ci_method": "wilson"}
     half = t95(n) * float(v.std()) / math.sqrt(n)
-    return {"n": n, "mean": mean, "ci95": [mean - half, mean + half]}
+    lo, hi = float(v.min()), float(v.max())
+    return {"n": n, "mean": mean, "ci95": [max(lo, mean - half), min(hi, mean + half)], "ci_method": "t, clipped"}
 
 
 def wilson(k: int, n: int) -> list[float] | None:
@@ -141,8 +147,9 @@ def _phases(data: Data, h: str) -> dict[str, Any]:
     return {PHASE_NAMES[p]: dist(recs, f"{p}_s") for p in PHASES}
 
 
-def _reward(eps: pl.DataFrame, solved_at: float) -> dict[str, Any]:
+def _reward(eps: pl.DataFrame, solved_at: float, source: str = "shards") -> dict[str, Any]:
     r = mean_ci(eps["reward"])
+    r["source"] = source
     n = eps["reward"].drop_nulls().len()
     k = int((eps["reward"] >= solved_at).sum()) if n else 0
     r.update(solved_at=solved_at, solved=k, solve_rate=k / n if n else None, solve_ci95=wilson(k, n),
@@ -209,10 +216,20 @@ def _verdicts(data: Data, h: str) -> dict[str, dict[str, Any]]:
     return counts(merged)
 
 
+def _rewarded(data: Data, h: str, eps: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+    """(episode_id, reward) of the harness's episodes and where they come from: the shards when any
+    were built, else the logs' end records (a bare log directory; discarded episodes left out)."""
+    if eps.height or data.ends.is_empty():
+        return eps.select("episode_id", "reward"), "shards"
+    ends = data.ends.filter((pl.col("harness") == h) & ~pl.col("discarded"))
+    return ends.select("episode_id", pl.col("reward").cast(pl.Float64)), "end records"
+
+
 def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
     rows = data.rows.filter(pl.col("harness") == h)
     eps = data.episodes.filter(pl.col("harness") == h)
     tokens, trainable = int(rows["tokens"].sum()), int(rows["trainable"].sum())
+    rewarded, source = _rewarded(data, h, eps)
     return {
         "harness": h,
         "episodes": _episodes(data, h, eps),
@@ -221,7 +238,7 @@ def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
                  "trainable_share": trainable / tokens if tokens else None,
                  "tokens_per_episode": dist(eps, "tokens"), "trainable_per_episode": dist(eps, "trainable")},
         "phases_s": _phases(data, h),
-        "reward": _reward(eps, solved_at),
+        "reward": _reward(rewarded, solved_at, source),
         "terminations": {"rows": _counts(rows["termination"]) if rows.height else {},
                          "episodes": _counts(eps["termination"]) if eps.height else {}},
         "fidelity": _fidelity(rows, eps),

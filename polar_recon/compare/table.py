@@ -42,6 +42,8 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
     """(label, value) pairs of one harness, in the table's order."""
     e, c, r, f, rw = h["episodes"], h["calls"], h["rows"], h["fidelity"], h["reward"]
     ph = h["phases_s"]
+    # without capture logs these numbers cannot be known: say where they would come from
+    no_logs = " (no capture logs read: --logdir LOGDIR)" if c["source"] == "shards" else ""
     out = [
         ("episodes (rollout records)", _n(e["recorded"])),
         ("  by status", _counts(e["by_status"])),
@@ -49,8 +51,8 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
         ("  excluded, by reason", _counts(e["excluded"])),
         ("  errors (error/crashed/eval_error)", _n(e["errors"])),
         (f"calls / episode ({c['source']})", _dist(c.get("calls_per_episode"))),
-        ("prompt tokens / episode", _dist(c.get("prompt_tokens_per_episode"), 0)),
-        ("completion tokens / episode", _dist(c.get("completion_tokens_per_episode"), 0)),
+        ("prompt tokens / episode", _dist(c.get("prompt_tokens_per_episode"), 0) + no_logs),
+        ("completion tokens / episode", _dist(c.get("completion_tokens_per_episode"), 0) + no_logs),
         ("row tokens / episode (shards)", _dist(r["tokens_per_episode"], 0)),
         ("trainable-token share", _pct(r["trainable_share"])),
     ]
@@ -58,8 +60,10 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
         out.append((f"{p} s / episode", _dist(ph.get(p), 2)))
     out += [
         ("model-call share of agent time", _pct(c.get("model_share_of_agent"))),
-        ("call ms (p50 / max)", "-" if not c.get("call_ms") else f"{c['call_ms']['p50']:.0f} / {c['call_ms']['max']:.0f}"),
-        ("reward mean [95% CI]", _n(rw["mean"], 3) + _ci(rw["ci95"], 3)),
+        ("call ms (p50 / max)", ("-" + no_logs) if not c.get("call_ms") else
+         f"{c['call_ms']['p50']:.0f} / {c['call_ms']['max']:.0f}"),
+        ("reward mean [95% CI]", _n(rw["mean"], 3) + _ci(rw["ci95"], 3)
+         + (f" ({rw['source']})" if rw.get("source", "shards") != "shards" else "")),
         (f"solve rate (reward >= {rw['solved_at']:g}) [95% CI]",
          ("-" if rw["solve_rate"] is None else f"{_pct(rw['solve_rate'])} ({rw['solved']}/{rw['n']})")
          + _ci(rw["solve_ci95"], pct=True)),

@@ -34,6 +34,14 @@ def stores(tmp_path_factory):
     return build_stores(tmp_path_factory.mktemp("experiment"))
 
 
+def _wilson(k: int, n: int) -> list[float]:
+    """The 95% Wilson score interval, written out independently of polar_recon/compare/stats.py."""
+    z = 1.96
+    centre = (k + z * z / 2) / (n + z * z)
+    half = z * math.sqrt(k * (n - k) / n + z * z / 4) / (n + z * z)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
 def _compare(*args) -> dict:
     r = CliRunner().invoke(main, ["compare", *map(str, args), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -70,11 +78,16 @@ def test_report_numbers_match_the_shards_logs_and_records(stores):
         recs = [json.loads(x) for x in (store / "rollout" / "episodes.jsonl").read_text().splitlines()]
         assert got["episodes"]["recorded"] == len(recs)
         assert got["episodes"]["by_status"] == {"done": 2}
-        # reward and its interval (Student t at n-1 degrees of freedom), solve rate
+        # reward and its interval (a 0/1 reward: Wilson; else Student t at n-1 degrees of freedom,
+        # within the rewards' range), solve rate
         rewards = np.array([e["reward"] for e in truth.values()])
         assert got["reward"]["mean"] == pytest.approx(rewards.mean())
-        half = T95[len(rewards) - 1] * rewards.std(ddof=1) / math.sqrt(len(rewards))
-        assert got["reward"]["ci95"] == pytest.approx([rewards.mean() - half, rewards.mean() + half])
+        if set(rewards.tolist()) <= {0.0, 1.0}:
+            assert got["reward"]["ci95"] == pytest.approx(_wilson(int(rewards.sum()), len(rewards)))
+        else:
+            half = T95[len(rewards) - 1] * rewards.std(ddof=1) / math.sqrt(len(rewards))
+            assert got["reward"]["ci95"] == pytest.approx([max(rewards.min(), rewards.mean() - half),
+                                                           min(rewards.max(), rewards.mean() + half)])
         assert got["reward"]["solve_rate"] == pytest.approx(float((rewards >= 1.0).mean()))
         # tokens: rows of the shards, the trainable share, the longest episode named
         tok = {e: v["tokens"] for e, v in truth.items()}
