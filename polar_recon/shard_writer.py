@@ -30,6 +30,7 @@ from polar_contracts.shards import (
     shard_temp_name,
     temp_name,
 )
+from polar_recon.ledger import Ledger
 from polar_recon.strategies import Sequence
 
 
@@ -54,6 +55,7 @@ class GroupRows:
     # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
     excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
     evals: dict[str, str] = field(default_factory=dict)  # episode_id -> the "eval" column (JSON)
+    ledgers: dict[str, Ledger] = field(default_factory=dict)  # episode_id -> its coverage ledger
 
     def table(self) -> pa.Table:
         seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
@@ -100,6 +102,7 @@ class ShardWriter:
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id
         self.excluded: list[tuple[str, int, int, str]] = []
+        self.ledgers: dict[str, Ledger] = {}
 
     def write(self, group: GroupRows) -> None:
         t = group.table()
@@ -109,6 +112,7 @@ class ShardWriter:
         for eid, _, _ in group.episodes:
             self.episodes[eid] = group.group_id
         self.excluded += group.excluded
+        self.ledgers.update(group.ledgers)
 
     def commit(self) -> Path:
         self._writer.close()
@@ -151,6 +155,10 @@ class Manifest:
     # sampled completions of BUILT episodes that train in no row (fidelity.EXCLUDE_REASONS):
     # episode_id -> [{"call", "choice", "reason"}]; saved with `excluded_counts` {reason: n}
     excluded_calls: dict[str, list] = field(default_factory=dict)
+    # the coverage ledger (polar_recon/ledger.py) of every built episode: episode_id ->
+    # {"sampled", "trained", "excluded": {reason: tokens}, "calls"}; saved with `ledger_total` (their
+    # sum, with the number of built episodes that have none: manifests written before the ledger)
+    ledger: dict[str, dict] = field(default_factory=dict)
     _dirty: bool = False
 
     @classmethod
@@ -166,6 +174,7 @@ class Manifest:
                 m.next_shard, m.episodes = int(data["next_shard"]), dict(data["episodes"])
                 m.excluded = dict(data.get("excluded") or {})
                 m.excluded_calls = dict(data.get("excluded_calls") or {})
+                m.ledger = dict(data.get("ledger") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -210,6 +219,8 @@ class Manifest:
             self.episodes[eid] = {"shard": writer.number, "group": gid}
         for eid, call, choice, reason in writer.excluded:
             self.excluded_calls.setdefault(eid, []).append({"call": call, "choice": choice, "reason": reason})
+        for eid, led in writer.ledgers.items():
+            self.ledger[eid] = led.to_json()
         self.next_shard = max(self.next_shard, writer.number + 1)
         self.save()
 
@@ -234,13 +245,24 @@ class Manifest:
                 out[c["reason"]] = out.get(c["reason"], 0) + 1
         return out
 
+    def ledger_total(self) -> dict:
+        """The sum of the built episodes' ledgers; `episodes_without_ledger` counts the built
+        episodes a manifest from before the ledger has none for (not in the sum)."""
+        total = Ledger()
+        for eid, d in self.ledger.items():
+            total.add(Ledger.from_json(d, f"{self.out / MANIFEST}: ledger of {eid}"))
+        out = total.to_json()
+        out["episodes_without_ledger"] = sum(1 for e in self.episodes if e not in self.ledger)
+        return out
+
     def save(self) -> None:
         path = self.out / MANIFEST
         tmp = self.out / temp_name(MANIFEST)
         tmp.write_text(json.dumps({"version": 1, "strategy": self.strategy, "next_shard": self.next_shard,
                                    "episodes": self.episodes, "excluded": self.excluded,
                                    "excluded_calls": self.excluded_calls,
-                                   "excluded_counts": self.excluded_counts()}, sort_keys=True))
+                                   "excluded_counts": self.excluded_counts(),
+                                   "ledger": self.ledger, "ledger_total": self.ledger_total()}, sort_keys=True))
         os.replace(tmp, path)
         self._dirty = False
 
