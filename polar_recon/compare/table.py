@@ -32,6 +32,19 @@ def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in c.items()) or "-"
 
 
+def _ledger_lines(led: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The coverage ledger: what share of the sampled completion tokens the manifests account
+    for, and train."""
+    if not led or not led["episodes"]:
+        return [("sampled tokens accounted for (ledger)", "-")]
+    out = [("sampled tokens accounted for (ledger)",
+            f"{_pct(led['accounted_share'])} of {_n(led['sampled'])}, {_pct(led['trained_share'])} trained"),
+           ("  excluded tokens, by reason", _counts({k: v for k, v in led["excluded"].items() if v}))]
+    if led["episodes_without_ledger"]:
+        out.append(("  built episodes without a ledger", _n(led["episodes_without_ledger"])))
+    return out
+
+
 def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(label, value) pairs of one harness, in the table's order."""
     e, c, r, f, rw = h["episodes"], h["calls"], h["rows"], h["fidelity"], h["reward"]
@@ -65,6 +78,7 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
          f"{f['worst_rerender']['episode']} ({f['worst_rerender']['tokens']} tok)"),
         ("chain breaks (new segments)", f"{f['chain_breaks']} in {f['episodes_with_breaks']} episodes"),
         ("samples not trained, by reason", _counts(h["not_trained"]["samples"])),
+        *_ledger_lines(h.get("ledger")),
         ("longest episode (row tokens)", "-" if not r["tokens_per_episode"] else r["tokens_per_episode"]["max_episode"]),
     ]
     if h.get("drift"):

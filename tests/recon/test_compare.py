@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from polar_recon.cli import main
+from polar_recon.compare.table import lines as table_lines
 from tests.recon import logs as L
 from tests.recon import png
 from tests.recon.compare_stores import HARNESSES, build_stores
@@ -236,6 +237,14 @@ def test_exclusions_and_bare_logdirs(tmp_path):
     assert want and h["not_trained"]["samples"] == want
     assert all(ids == ["ok-2"] for ids in h["not_trained"]["refs"].values())
     assert h["calls"]["auxiliary_calls"] == 1
+    # the coverage ledger: the manifest's per-episode ledgers summed, every sampled token accounted for
+    led = h["ledger"]
+    assert led["episodes"] == 2 and led["closes"] and led["accounted_share"] == 1.0
+    assert led["sampled"] == sum(e["sampled"] for e in man["ledger"].values()) > led["trained"] > 0
+    assert led["excluded"] == {"auxiliary": man["ledger"]["ok-2"]["excluded"]["auxiliary"]}
+    assert led["trained"] == h["rows"]["trainable"]
+    assert dict(table_lines(h, None))["sampled tokens accounted for (ledger)"] == \
+        f"100.0% of {led['sampled']:,}, {100 * led['trained_share']:.1f}% trained"
     # a bare log directory: grouped by the end metadata's harness; the unfinished log counts calls only
     rep = _compare(logdir)
     assert list(rep["harnesses"]) == ["synth"]
