@@ -65,8 +65,17 @@ COMPACTION = {
         summary_request="summarizes internal chat history"),
     # not exercised yet: the reason is in docs/compatibility.md, "Sub-agents and compaction"
     "claude-code": Compaction("has auto-compact (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE); not exercised"),
-    "codex": Compaction("has auto-compact (model_auto_compact_token_limit); not exercised"),
-    "gemini-cli": Compaction("has chat compression (model.chatCompression); not exercised"),
+    "codex": Compaction(
+        "compacts (auto-compact limit 12000): summary call trained (own segment), next call FORK",
+        # its system prompt and tools are ~8,800 tokens; the limit is crossed after the second
+        # listing. The summary call declares no tools but is the agent's own system prompt: no
+        # [[auxiliary]] rule singles it out, so it is trained, a FORK of its own (the choice the
+        # test checks).
+        settings=(('model_reasoning_effort = "low"', 'model_reasoning_effort = "low"\nmodel_auto_compact_token_limit = 12000'),),
+        summary_request="CONTEXT CHECKPOINT COMPACTION", summary="trained"),
+    # compressionThreshold 0.014 (14,680 of its 1,048,576-token default limit; the limit is no
+    # setting for a model it does not know) and prompts up to 16,043 tokens: no compression call
+    "gemini-cli": Compaction("has chat compression (model.compressionThreshold); did not compact here"),
     "opencode": Compaction("has session compaction; not exercised (overflows after each summary)"),
     "aider": Compaction("summarises old chat history; not exercised"),
     "mini-swe-agent": Compaction("none (keeps the whole history)"),
