@@ -99,7 +99,9 @@ def phase_build(logdir: Path, out: Path, strategy: str) -> dict:
     r = build(logdir, out, Options(strategy=strategy, shard_size=64))
     return {"seconds": time.perf_counter() - t0, "episodes": len(r.built), "sequences": r.sequences,
             "sequence_tokens": r.tokens, "trainable_tokens": r.trainable, "errors": len(r.errors),
-            "shards": len(r.shards), "peak_mb_over_base": _peak_mb() - base}
+            "shards": len(r.shards), "peak_mb_over_base": _peak_mb() - base,
+            # the coverage ledger (polar_recon/ledger.py): every sampled token trained or excluded
+            "ledger": r.ledger.to_json(), "ledger_summary": r.ledger.summary()}
 
 
 def drift_sim(work: Path, episodes: int) -> dict:
@@ -194,6 +196,7 @@ def main() -> None:
         print(f"build / floor = {res['build_over_floor']:.2f}x; build wrote {built['sequences']} sequences, "
               f"{built['sequence_tokens'] / 1e6:.1f}M tokens ({res['sequence_tokens_per_s'] / 1e6:.1f}M/s), "
               f"{built['trainable_tokens'] / 1e6:.2f}M trainable, {built['shards']} shards")
+        print(f"ledger: {built['ledger_summary']}")
     finally:
         if not a.dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -34,6 +35,52 @@ COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools de
            "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes",
            "Segments", "Reward")
 BEGIN, END = "<!-- compat-matrix:begin -->", "<!-- compat-matrix:end -->"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """How a CLI compacts its history, and what tests/rollout/test_compaction.py made it do here.
+
+    settings: (old, new) edits of the bundled recipe's text that turn its threshold down (empty:
+    not exercised, `matrix` says why); summary_request: a regex the summary call's request
+    matches; summary: "auxiliary" (a recipe [[auxiliary]] rule: recorded, never trained) or
+    "trained" (its own segment, with the episode's reward); matrix: the compaction column's text."""
+    matrix: str
+    settings: tuple[tuple[str, str], ...] = ()
+    summary_request: str = ""
+    summary: str = "auxiliary"
+
+
+COMPACTION = {
+    "qwen-code": Compaction(
+        "compacts (0.7 of a 30k window): summary call AUX, next call FORK",
+        # the default threshold (0.7) of a 30,000-token window: crossed only by the second listing
+        # (the system prompt and tools alone are ~18,000 tokens). Qwen Code keeps the last two tool
+        # rounds and compresses only when the summary saves tokens, so the first listing, the one
+        # compressed, must be three rounds back.
+        settings=(('"name": "${model}",',
+                   '"name": "${model}",\n    "chatCompression": {"contextPercentageThreshold": 0.7},'),
+                  ('"generationConfig": {"customHeaders"',
+                   '"generationConfig": {"contextWindowSize": 30000, "customHeaders"')),
+        summary_request="summarizes internal chat history"),
+    # not exercised yet: the reason is in docs/compatibility.md, "Sub-agents and compaction"
+    "claude-code": Compaction("has auto-compact (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE); not exercised"),
+    "codex": Compaction(
+        "compacts (auto-compact limit 12000): summary call trained (own segment), next call FORK",
+        # its system prompt and tools are ~8,800 tokens; the limit is crossed after the second
+        # listing. The summary call declares no tools but is the agent's own system prompt: no
+        # [[auxiliary]] rule singles it out, so it is trained, a FORK of its own (the choice the
+        # test checks).
+        settings=(('model_reasoning_effort = "low"', 'model_reasoning_effort = "low"\nmodel_auto_compact_token_limit = 12000'),),
+        summary_request="CONTEXT CHECKPOINT COMPACTION", summary="trained"),
+    # compressionThreshold 0.014 (14,680 of its 1,048,576-token default limit; the limit is no
+    # setting for a model it does not know) and prompts up to 16,043 tokens: no compression call
+    "gemini-cli": Compaction("has chat compression (model.compressionThreshold); did not compact here"),
+    "opencode": Compaction("has session compaction; not exercised (overflows after each summary)"),
+    "aider": Compaction("summarises old chat history; not exercised"),
+    "mini-swe-agent": Compaction("none (keeps the whole history)"),
+    "pi": Compaction("has auto-compaction; not exercised"),
+}
 
 
 def _chat_requests(rows: list[dict]) -> list[dict]:
@@ -83,7 +130,10 @@ def observe(recipe, log, ep, markers, rec: dict) -> dict[str, str]:
         "Title call (no tools)": _title_call(rows),
         "Thinking resent": "yes" if thinking else "no",
         "Sub-agent tool": ", ".join(f"`{t}`" for t in subagent) or "none",
-        "Compaction (this run)": "history shrank" if compacted else "not triggered",
+        # what the compaction test made the CLI do (this short task never compacts: a run that
+        # did would be news, and says so)
+        "Compaction (this run)": ("history shrank; " if compacted else "")
+        + (COMPACTION[recipe.name].matrix if recipe.name in COMPACTION else "not exercised"),
         "Episode id reaches the proxy by": episode,
         "Calls (agent + auxiliary)": f"{len(agent)} + {len(rows) - len(agent)}",
         "Reconstruction: links": ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())),

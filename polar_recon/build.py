@@ -22,6 +22,8 @@ from polar_contracts.log.table import LogError
 from polar_recon.shard_writer import GroupRows, Manifest, ShardWriter
 
 from .fidelity import check_sequences
+from .ledger import Ledger, episode_ledger
+from .link import link_calls
 from .strategies import (
     STRATEGIES,
     ReconError,
@@ -30,6 +32,7 @@ from .strategies import (
     per_call_sequences,
     retokenize_sequences,
     token_sequences,
+    unlinked_exclusions,
 )
 from .tokens import DEFAULT_TOKENIZER, TurnMarkers
 from .verdicts import log_policy
@@ -119,6 +122,9 @@ class Report:
     timed_out_groups: list[str] = field(default_factory=list)
     # sampled completions of built episodes that train in no row: (episode, call_index, choice, reason)
     excluded_calls: list[tuple[str, int, int, str]] = field(default_factory=list)
+    # the coverage ledger (ledger.py) of the episodes built by this run, and its total
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
 
     def excluded_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -150,11 +156,14 @@ class Builder:
         self.markers = TurnMarkers.load(str(opts.tokenizer))
         self.retok = Retokenizer(opts.tokenizer) if opts.strategy == "retokenize" else None
         self.excluded: list[tuple[str, int, int, str]] = []
+        self.ledger: Ledger | None = None
 
     def sequences(self, path: Path):
         """The episode's rows; `self.excluded` then holds (episode, call_index, choice, reason) of
-        every sampled completion that trains in none of them."""
+        every sampled completion that trains in none of them, and `self.ledger` its coverage ledger
+        (a LedgerError, a ReconError, when the two do not account for every sampled token)."""
         self.excluded: list[tuple[str, int, int, str]] = []
+        self.ledger = None
         ep = read_calls(path, with_requests=self.retok is not None)
         rows: list[tuple[int, str]] = []  # (call row, reason)
         o = self.opts
@@ -164,7 +173,9 @@ class Builder:
         elif o.strategy == "per-call":
             seqs = per_call_sequences(ep, max_len=o.max_len, excluded=rows)
         else:
-            seqs = retokenize_sequences(ep, self.markers, self.retok)
+            nodes = link_calls(ep.calls, self.markers)
+            seqs = retokenize_sequences(ep, self.markers, self.retok, nodes)
+            rows += unlinked_exclusions(nodes)  # the calls linking left out, as the token strategy lists them
         # a sequence with nothing to train (an empty completion) carries no signal and breaks the
         # contract that prompt_len indexes a trainable token
         empty = [s for s in seqs if not s.loss_mask.any()]
@@ -174,6 +185,8 @@ class Builder:
             problems = check_sequences(ep, seqs, rows, self.markers)
             if problems:
                 raise ReconError(f"{path}: fidelity check failed: " + "; ".join(problems[:5]))
+        # before the episode's rows go anywhere: every sampled token trained once or excluded once
+        self.ledger = episode_ledger(ep, seqs, rows, mask_counts=o.strategy != "retokenize")
         by_row = {c.row: c for c in ep.calls}
         self.excluded = [(ep.episode_id, by_row[r].call_index, int(by_row[r].info.get("choice") or 0), reason)
                          for r, reason in rows]
@@ -249,6 +262,9 @@ def _build_group(builder: Builder, gid: str, members: list[tuple[EpisodeHead, fl
         if isinstance(head.metadata.get(end.EVAL), dict):
             rows.evals[head.episode_id] = json.dumps(head.metadata[end.EVAL], sort_keys=True)
         rows.excluded += excluded
+        rows.ledgers[head.episode_id] = builder.ledger
+        report.ledgers[head.episode_id] = builder.ledger
+        report.ledger.add(builder.ledger)
         report.excluded_calls += excluded
         report.built.append(head.episode_id)
         report.sequences += len(seqs)
@@ -406,6 +422,8 @@ def _merge(total: Report, cycle: Report, reported: set[str]) -> None:
     total.trainable += cycle.trainable
     total.timed_out_groups += cycle.timed_out_groups
     total.excluded_calls += cycle.excluded_calls
+    total.ledgers.update(cycle.ledgers)
+    total.ledger.add(cycle.ledger)
     # a bad file is seen again every poll: report each one once
     cycle.errors = [(p, m) for p, m in cycle.errors if p not in reported]
     cycle.no_reward = [e for e in cycle.no_reward if e not in reported]

@@ -68,6 +68,8 @@ def _echo_report(r: Report, out: Path | None = None, torn: set[str] = frozenset(
     shards = ", ".join(p.name for p in r.shards) or "none"
     click.echo(f"built {len(r.built)} episodes ({r.already} already built) -> {r.sequences} sequences, "
                f"{r.tokens} tokens, {r.trainable} trainable; shards: {shards}")
+    if r.ledger.episodes:  # the coverage ledger of what this run built (polar_recon/ledger.py)
+        click.echo(f"ledger: {r.ledger.summary()}")
 
 
 def _resolve_episode(episode: str, logdir: str | None) -> Path:

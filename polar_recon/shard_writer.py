@@ -31,6 +31,7 @@ from polar_contracts.shards import (
     temp_name,
 )
 from polar_recon import verdicts as verdicts_
+from polar_recon.ledger import Ledger
 from polar_recon.strategies import Sequence
 
 
@@ -55,6 +56,7 @@ class GroupRows:
     # sampled completions of these episodes trained in no row: (episode, call_index, choice, reason)
     excluded: list[tuple[str, int, int, str]] = field(default_factory=list)
     evals: dict[str, str] = field(default_factory=dict)  # episode_id -> the "eval" column (JSON)
+    ledgers: dict[str, Ledger] = field(default_factory=dict)  # episode_id -> its coverage ledger
 
     def table(self) -> pa.Table:
         seqs = [(eid, r, s) for eid, r, ss in self.episodes for s in ss]
@@ -101,6 +103,7 @@ class ShardWriter:
         self.rows = 0
         self.episodes: dict[str, str] = {}  # episode_id -> group_id
         self.excluded: list[tuple[str, int, int, str]] = []
+        self.ledgers: dict[str, Ledger] = {}
 
     def write(self, group: GroupRows) -> None:
         t = group.table()
@@ -110,6 +113,7 @@ class ShardWriter:
         for eid, _, _ in group.episodes:
             self.episodes[eid] = group.group_id
         self.excluded += group.excluded
+        self.ledgers.update(group.ledgers)
 
     def commit(self) -> Path:
         self._writer.close()
@@ -156,6 +160,10 @@ class Manifest:
     # (verdicts.py): episode_id -> {policy, verdict, tampered, discarded, status}; saved with
     # `verdict_counts` {policy: {episodes, discarded, eval_error, tampered, ..., rates}}
     verdicts: dict[str, dict] = field(default_factory=dict)
+    # the coverage ledger (polar_recon/ledger.py) of every built episode: episode_id ->
+    # {"sampled", "trained", "excluded": {reason: tokens}, "calls"}; saved with `ledger_total` (their
+    # sum, with the number of built episodes that have none: manifests written before the ledger)
+    ledger: dict[str, dict] = field(default_factory=dict)
     _dirty: bool = False
 
     @classmethod
@@ -172,6 +180,7 @@ class Manifest:
                 m.excluded = dict(data.get("excluded") or {})
                 m.excluded_calls = dict(data.get("excluded_calls") or {})
                 m.verdicts = dict(data.get("verdicts") or {})
+                m.ledger = dict(data.get("ledger") or {})
                 built_with = data["strategy"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ManifestError(f"{path}: unreadable manifest ({exc}); move it away to rebuild") from exc
@@ -216,6 +225,8 @@ class Manifest:
             self.episodes[eid] = {"shard": writer.number, "group": gid}
         for eid, call, choice, reason in writer.excluded:
             self.excluded_calls.setdefault(eid, []).append({"call": call, "choice": choice, "reason": reason})
+        for eid, led in writer.ledgers.items():
+            self.ledger[eid] = led.to_json()
         self.next_shard = max(self.next_shard, writer.number + 1)
         self.save()
 
@@ -246,6 +257,16 @@ class Manifest:
                 out[c["reason"]] = out.get(c["reason"], 0) + 1
         return out
 
+    def ledger_total(self) -> dict:
+        """The sum of the built episodes' ledgers; `episodes_without_ledger` counts the built
+        episodes a manifest from before the ledger has none for (not in the sum)."""
+        total = Ledger()
+        for eid, d in self.ledger.items():
+            total.add(Ledger.from_json(d, f"{self.out / MANIFEST}: ledger of {eid}"))
+        out = total.to_json()
+        out["episodes_without_ledger"] = sum(1 for e in self.episodes if e not in self.ledger)
+        return out
+
     def save(self) -> None:
         path = self.out / MANIFEST
         tmp = self.out / temp_name(MANIFEST)
@@ -253,7 +274,8 @@ class Manifest:
                                    "episodes": self.episodes, "excluded": self.excluded,
                                    "excluded_calls": self.excluded_calls,
                                    "excluded_counts": self.excluded_counts(), "verdicts": self.verdicts,
-                                   "verdict_counts": verdicts_.counts(self.verdicts)}, sort_keys=True))
+                                   "verdict_counts": verdicts_.counts(self.verdicts),
+                                   "ledger": self.ledger, "ledger_total": self.ledger_total()}, sort_keys=True))
         os.replace(tmp, path)
         self._dirty = False
 

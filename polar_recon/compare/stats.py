@@ -11,6 +11,7 @@ import polars as pl
 
 from polar_contracts.log.end_record import STATUS
 
+from ..ledger import Ledger
 from .frames import PHASES
 from .load import Data
 
@@ -197,6 +198,23 @@ def _not_trained(data: Data, h: str) -> dict[str, Any]:
     return {"samples": dict(sorted(counts.items())), "refs": {k: sorted(v)[:MAX_IDS] for k, v in sorted(refs.items())}}
 
 
+def _ledger(data: Data, h: str) -> dict[str, Any]:
+    """The coverage ledger (polar_recon/ledger.py) of the harness's built episodes, summed over its
+    manifests: sampled completion tokens = trained + excluded by reason. `episodes_without_ledger`
+    counts built episodes of manifests written before the ledger (not in the sums)."""
+    total, missing = Ledger(), 0
+    for m in data.manifests.get(h, []):
+        ledgers = m.get("ledger") or {}
+        for eid, d in ledgers.items():
+            total.add(Ledger.from_json(d, f"{h}: manifest ledger of {eid}"))
+        missing += sum(1 for e in (m.get("episodes") or {}) if e not in ledgers)
+    out = total.to_json()
+    out.update(episodes_without_ledger=missing, closes=total.closes,
+               accounted_share=total.accounted / total.sampled if total.sampled else None,
+               trained_share=total.trained / total.sampled if total.sampled else None)
+    return out
+
+
 def _by_version(eps: pl.DataFrame, solved_at: float) -> list[dict[str, Any]]:
     g = (eps.group_by(pl.col("weight_version").fill_null("unknown"))
          .agg(pl.len().alias("episodes"), pl.col("reward").mean().alias("reward_mean"),
@@ -243,6 +261,7 @@ def harness_stats(data: Data, h: str, solved_at: float = 1.0) -> dict[str, Any]:
                          "episodes": _counts(eps["termination"]) if eps.height else {}},
         "fidelity": _fidelity(rows, eps),
         "not_trained": _not_trained(data, h),
+        "ledger": _ledger(data, h),
         "by_weight_version": _by_version(eps, solved_at),
         "verdicts_by_version": _verdicts(data, h),
     }

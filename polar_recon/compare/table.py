@@ -36,6 +36,17 @@ def _verdict_rates(by_version: dict[str, dict]) -> str:
     """``v1: 12% / 0% / 4% of 50``: each policy version's discard, eval-error and tampered rates."""
     return "; ".join(f"{v}: {_pct(c['rates']['discarded'])} / {_pct(c['rates']['eval_error'])} / "
                      f"{_pct(c['rates']['tampered'])} of {c['episodes']}" for v, c in by_version.items()) or "-"
+def _ledger_lines(led: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The coverage ledger: what share of the sampled completion tokens the manifests account
+    for, and train."""
+    if not led or not led["episodes"]:
+        return [("sampled tokens accounted for (ledger)", "-")]
+    out = [("sampled tokens accounted for (ledger)",
+            f"{_pct(led['accounted_share'])} of {_n(led['sampled'])}, {_pct(led['trained_share'])} trained"),
+           ("  excluded tokens, by reason", _counts({k: v for k, v in led["excluded"].items() if v}))]
+    if led["episodes_without_ledger"]:
+        out.append(("  built episodes without a ledger", _n(led["episodes_without_ledger"])))
+    return out
 
 
 def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -76,6 +87,7 @@ def lines(h: dict[str, Any], trainer: dict[str, Any] | None) -> list[tuple[str, 
         ("chain breaks (new segments)", f"{f['chain_breaks']} in {f['episodes_with_breaks']} episodes"),
         ("samples not trained, by reason", _counts(h["not_trained"]["samples"])),
         ("discard / eval_error / tampered by version", _verdict_rates(h.get("verdicts_by_version") or {})),
+        *_ledger_lines(h.get("ledger")),
         ("longest episode (row tokens)", "-" if not r["tokens_per_episode"] else r["tokens_per_episode"]["max_episode"]),
     ]
     if h.get("drift"):

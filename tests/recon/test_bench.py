@@ -18,4 +18,7 @@ def test_bench_quick_run():
     # re-rendered ones included whole) and each tool turn's context (50 ids + 9 turn markers)
     assert b["sequence_tokens"] == 4 * (2000 + 6 * 150 + 5 * (50 + 9))
     assert b["trainable_tokens"] == 4 * 6 * 150
+    # the ledger: every sampled completion token trained (the synthetic calls are all usable)
+    assert b["ledger"]["sampled"] == b["ledger"]["trained"] == b["trainable_tokens"]
+    assert b["ledger"]["excluded"] == {} and "100.0% accounted for, 100.0% trained" in b["ledger_summary"]
     assert res["read_floor"]["rows"] == 4 * 7 and res["build_over_floor"] > 0

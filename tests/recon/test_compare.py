@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from polar_recon.cli import main
+from polar_recon.compare.table import lines as table_lines
 from tests.recon import logs as L
 from tests.recon import png
 from tests.recon.compare_stores import HARNESSES, build_stores
@@ -262,6 +263,14 @@ def test_exclusions_and_bare_logdirs(tmp_path):
     assert h["verdicts_by_version"] == man["verdict_counts"]
     table = CliRunner().invoke(main, ["compare", f"synth={out}", "--logdir", str(logdir)], catch_exceptions=False)
     assert "2: 50.0% / 50.0% / 50.0% of 2" in table.output.replace("\n", " "), table.output
+    # the coverage ledger: the manifest's per-episode ledgers summed, every sampled token accounted for
+    led = h["ledger"]
+    assert led["episodes"] == 2 and led["closes"] and led["accounted_share"] == 1.0
+    assert led["sampled"] == sum(e["sampled"] for e in man["ledger"].values()) > led["trained"] > 0
+    assert led["excluded"] == {"auxiliary": man["ledger"]["ok-2"]["excluded"]["auxiliary"]}
+    assert led["trained"] == h["rows"]["trainable"]
+    assert dict(table_lines(h, None))["sampled tokens accounted for (ledger)"] == \
+        f"100.0% of {led['sampled']:,}, {100 * led['trained_share']:.1f}% trained"
     # a bare log directory: grouped by the end metadata's harness; the unfinished log counts calls only
     rep = _compare(logdir)
     assert list(rep["harnesses"]) == ["synth"]
