@@ -10,8 +10,7 @@ background (``&``) is stopped when the script ends. The only changes made to the
 - ``FILE`` -> the running proxy's control-secret file (docs/rollout.md, whose proxy the test starts,
   as that page says one must be running), and its synopsis's optional ``[--...]`` parts left out;
 - the ports 8000 / 8080 / 8081 -> free ones (other processes on this machine may hold those);
-- ``--samples 4`` -> ``--samples 1``: three episodes show that the commands work; twelve only cost time;
-- ``--max_steps 100`` -> ``--max_steps 1``: one GRPO step on the CPU shows that training runs.
+- ``--samples 4`` -> ``--samples 1``: three episodes show that the commands work; twelve only cost time.
 
 The temporary directory stands for the checkout the docs are run from: ``data/`` in it is a link
 to the repository's, the commands are the installed ones (this environment's ``bin/`` first on PATH).
@@ -37,7 +36,7 @@ from .fenced import REPO, marked_for
 SELF = "tests/docs/test_quickstarts.py"
 README, ROLLOUT = "README.md", "docs/rollout.md"
 PLACEHOLDERS = {"<id>": "quickstart-1", "MODEL_DIR": "tiny-qwen3"}
-SCALE = {"--samples 4": "--samples 1", "--max_steps 100": "--max_steps 1"}
+SCALE = {"--samples 4": "--samples 1"}
 PREAMBLE = """set -euo pipefail
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 """
