@@ -18,14 +18,13 @@ from pathlib import Path
 import harness_recipes.node.episode as ep
 from harness_recipes.node.grading import grade_episode
 from harness_recipes.node.records import Records
-from harness_recipes.node.upstream import upstream_failure
+from harness_recipes.node.upstream import log_upstream_failure
 from harness_recipes.recipes.recipe import Recipe
 from harness_recipes.runtimes.base import Runtime, Sandbox
 from harness_recipes.runtimes.limits import LimitHit
 from harness_recipes.tasks.task_file import Task
 from polar_contracts.log import end_record as end
 from polar_contracts.log.end_record import read_head
-from polar_contracts.log.reader import read_episode
 from polar_contracts.log.table import LogError
 
 PHASES = ("queued", "prewarm", "run", "eval", "recon", "finished")
@@ -217,11 +216,7 @@ class Pipeline:
         down behind the proxy) is an infrastructure error with the server's message, not a graded 0."""
         if self.logdir is None:
             return
-        try:
-            log = await asyncio.to_thread(read_episode, self.logdir / f"{job.eid}.arrow")
-        except LogError:
-            return  # no log (no call reached the proxy): the harness's own output says why
-        err = upstream_failure(log.calls)
+        err = await asyncio.to_thread(log_upstream_failure, self.logdir / f"{job.eid}.arrow")
         if err:
             raise RuntimeError(err)
 

@@ -70,3 +70,14 @@ def upstream_failure(calls) -> str:
     first = calls.row(0, named=True)
     return (f"every model call failed upstream ({calls.height} of {calls.height}): "
             f"{error_message(first['status'], first.get('response'), first.get('error'))}")
+
+
+def log_upstream_failure(path) -> str:
+    """``upstream_failure`` of the episode log at ``path``; '' when there is no readable log (no call
+    reached the proxy: the harness's own output says why). Read once per episode, after its harness."""
+    from polar_contracts.log.reader import read_episode
+    from polar_contracts.log.table import LogError
+    try:
+        return upstream_failure(read_episode(path).calls)
+    except LogError:
+        return ""

@@ -19,8 +19,8 @@ SCRIPT = TASKS / "scripts" / "fix_tasks.json"
 def sample_task_file(where: Path, tag: str, **fields) -> Path:
     """where/tasks-<tag>.jsonl: the first bundled task, id fix-add-<tag>, `fields` set over it."""
     task = json.loads((TASKS / "tasks.jsonl").read_text().splitlines()[0])
-    task.update(id=f"fix-add-{tag}", workspace=str(TASKS / task["workspace"]), script=str(TASKS / task["script"]),
-                **fields)
+    task.update({"id": f"fix-add-{tag}", "workspace": str(TASKS / task["workspace"]),
+                 "script": str(TASKS / task["script"]), **fields})
     path = Path(where) / f"tasks-{tag}.jsonl"
     path.write_text(json.dumps(task) + "\n")
     return path
