@@ -80,3 +80,27 @@ def adversary_process(base: str, url: str, bomb_mib: float, flood: int, connect_
         await task
         results.put({"adversary": adv.statuses, "adversary_errors": adv.errors, "adversary_connects": adv.connects})
     asyncio.run(main())
+
+
+def socket_flood_process(path: str, stop, results) -> None:
+    """The adversary as a sandboxed agent sees its way out: its episode's model API Unix socket
+    (harness_recipes/runtimes/api_socket.py) and nothing else. It connects, sends a request line and
+    closes, in a loop as fast as one process goes, until stopped. Blocking connects: when the node stops
+    accepting (the episode's connect budget is spent) they wait in the kernel's backlog."""
+    import socket
+    import time
+
+    connects = refused = 0
+    results.put("ready")
+    while not stop.is_set():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            try:
+                s.connect(path)
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                connects += 1
+                refused += s.recv(12).startswith(b"HTTP/1.1 403")
+            except OSError:
+                time.sleep(0)
+    results.put({"adversary": {"socket connects": connects, "answered 403": refused}, "adversary_errors": 0,
+                 "adversary_connects": connects})

@@ -17,6 +17,11 @@ own process (bench/adversary.py), concurrently:
     the default 45 MiB; a 45 KiB gzip body, under polar_max_body);
   - nested JSON: 100,000 levels of ``[``;
   - --flood idle connections held open, and ("flood" only) TCP connect/close in a loop.
+"socket-flood" and "socket-flood-unpaced": the adversary as a sandbox really reaches out, through its
+episode's model API Unix socket (harness_recipes/runtimes/api_socket.py, hosted in this process as
+the node hosts it, claimed as the sandbox's forwarder claims it): connect, a request line, close, in
+a loop; paced by the socket's per-episode connect budget, or (unpaced) with the budget lifted, as the
+node was before it had one.
 Its answers must be refusals (400, 413, 429); a 5xx or a dropped connection counts as an error.
 Per phase: the honest episodes' errors, call latency and first-chunk p50/p99, every honest
 episode's log read back (each call index exactly once, the end record there: lost or duplicated
@@ -51,7 +56,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from bench.adversary import adversary_process, bomb_body
+from bench.adversary import adversary_process, bomb_body, socket_flood_process
 from bench.bench_proxy import Sampler, body_bytes, fake_backend, pct, proxy
 from harness_recipes.node.local_stack import addon_script, venv_bin
 from harness_recipes.node.processes import free_port, running
@@ -122,8 +127,23 @@ def check_logs(logdir: Path, eids: list[str], calls: int) -> dict:
 
 async def scale_phase(pool, procs, eids, calls, adversary: str | None, adversary_kind: str, args) -> dict:
     before = {i: p.memory_info().rss for i, p in enumerate(procs)}
-    adv = None
-    if adversary:
+    adv = api = None
+    if adversary and adversary_kind.startswith("socket-flood"):
+        from harness_recipes.runtimes.api_socket import CLAIM, MAGIC, ApiSocket, ConnectBudget
+        budget = ConnectBudget(rate=1e12, burst=10**12) if adversary_kind.endswith("unpaced") else None
+        api = await ApiSocket(pool.for_episode(adversary), budget=budget).start()
+        r, w = await asyncio.open_unix_connection(str(api.path))  # claimed, as the forwarder does first
+        w.write(MAGIC + CLAIM)
+        assert await r.readline() == b"OK\n"
+        w.close()
+        mp = multiprocessing.get_context("spawn")
+        stop, results = mp.Event(), mp.Queue()
+        adv = mp.Process(target=socket_flood_process, args=(str(api.path), stop, results))
+        adv.start()
+        ready = await asyncio.to_thread(results.get, True, 300)
+        assert ready == "ready", ready
+        await asyncio.sleep(1.0)
+    elif adversary:
         mp = multiprocessing.get_context("spawn")
         stop, results = mp.Event(), mp.Queue()
         base = pool.for_episode(adversary)
@@ -145,6 +165,9 @@ async def scale_phase(pool, procs, eids, calls, adversary: str | None, adversary
         stop.set()
         adv_out = await asyncio.to_thread(results.get, True, 120)
         adv.join(30)
+    if api is not None:
+        adv_out["adversary"]["node paced accepts"] = api.paced
+        await api.close()
     lat = [x for r in res for x in r[0]]
     firsts = [x for r in res for x in r[1]]
     per_proxy = {i: sum(pool.for_episode(e) == pool.procs[i].url for e in eids) for i in range(len(procs))}
@@ -275,7 +298,7 @@ def report(scale: list[dict], streams: list[dict], args) -> str:
                          f"{r['first_p50_ms']:.0f} / {r['first_p99_ms']:.0f} | "
                          f"{' / '.join(f'{v:.0f}' for v in r['p99_ms_by_proxy'].values())} | {rss} | {per} | {adv} |")
         q = [r for r in scale if r["phase"] == "quiet"]
-        for kind in ("bodies", "flood"):
+        for kind in PHASES[1:]:
             a = [r for r in scale if r["phase"] == kind]
             if q and a:
                 qp99, ap99 = statistics.median(r["p99_ms"] for r in q), statistics.median(r["p99_ms"] for r in a)
@@ -302,6 +325,9 @@ def report(scale: list[dict], streams: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+PHASES = ("quiet", "bodies", "flood", "socket-flood", "socket-flood-unpaced")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 episodes, 2 phases, a 4 MiB bomb, streams 16")
@@ -312,7 +338,8 @@ def main(argv=None) -> int:
     ap.add_argument("--flood", type=int, default=256, help="idle connections the adversary holds open")
     ap.add_argument("--phases", default="quiet,bodies,flood,quiet",
                     help="quiet (no adversary) | bodies (bombs, nested JSON, --flood idle connections) | flood (the "
-                         "same and connect/close in a loop), comma-separated, run in this order")
+                         "same and connect/close in a loop) | socket-flood, socket-flood-unpaced (connect/close "
+                         "through the episode's model API socket, paced or not), comma-separated, in this order")
     ap.add_argument("--streams", default="64,256", help="part 2: concurrent streams, comma-separated")
     ap.add_argument("--stream-calls", type=int, default=512, help="part 2: calls per round (at least 2 per client)")
     ap.add_argument("--chunks", type=int, default=20)
@@ -328,8 +355,8 @@ def main(argv=None) -> int:
         args.streams = "16"
     args.streams = [int(x) for x in str(args.streams).split(",")]
     args.phases = [x.strip() for x in args.phases.split(",")]
-    if not set(args.phases) <= {"quiet", "bodies", "flood"}:
-        ap.error(f"--phases: quiet, bodies or flood, not {args.phases}")
+    if not set(args.phases) <= set(PHASES):
+        ap.error(f"--phases: {', '.join(PHASES)}, not {args.phases}")
     args.load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     scale, streams = [], []

@@ -15,6 +15,14 @@ and from then on only connections whose SO_PEERCRED pid (as this node's pid name
 with the same start time: no reused pid) is the claimant's are piped. Any other gets an HTTP 403 and
 is counted (`refused_peers`); the forwarder's own reports of refused callers are counted too
 (`refused_calls`, with the last few reasons in `refusals`).
+
+Connections are also paced per episode (ConnectBudget: CONNECT_RATE a second, CONNECT_BURST at
+once). Every connection costs this node's event loop, which serves every episode's socket: a
+connect/close loop from inside the sandbox (straight to the socket, or through the forwarder, whose
+refusals are reported here) would take it from the siblings. The pacing is at the accept: when an
+episode's budget is spent, its socket is not accepted from until a token accrues, so its further
+connects wait in the kernel's backlog (then block or fail inside the sandbox) and cost this node
+nothing. A harness opens a few connections a second at most; the budget is far above that.
 """
 from __future__ import annotations
 
@@ -34,6 +42,9 @@ SOCKET_NAME = "api.sock"
 FORWARDER_NAME = "forward.py"
 INNER_PORT = 18080  # the harness's model API inside the sandbox's own network namespace
 MAX_CONNECTIONS = 32
+CONNECT_RATE = 50.0  # connections accepted a second per episode, sustained (ConnectBudget)
+CONNECT_BURST = 100  # ... and at once, after a quiet spell
+BACKLOG = 64
 CHUNK = 65536
 # The forwarder's own messages (inner_forwarder.py): no HTTP request starts with a NUL byte.
 MAGIC = b"\x00POLAR"
@@ -81,6 +92,27 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+class ConnectBudget:
+    """A token bucket, sans-IO: ``take(now)`` takes one connection's token and returns 0.0, or returns
+    the seconds until one accrues (taking nothing). ``rate`` tokens a second, at most ``burst`` kept."""
+
+    def __init__(self, rate: float = CONNECT_RATE, burst: int = CONNECT_BURST):
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"a connect budget needs rate > 0 and burst >= 1, not {rate}, {burst}")
+        self.rate, self.burst = float(rate), float(burst)
+        self.tokens = self.burst
+        self.at: float | None = None
+
+    def take(self, now: float) -> float:
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0 - 1e-9:  # (a token accrued in float steps may read 0.99999...)
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
 FORBIDDEN = ("HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nConnection: close\r\n"
              "Content-Length: {n}\r\n\r\n{body}")
 
@@ -104,9 +136,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class ApiSocket:
     """One episode's socket directory and the listener piping it to ``upstream``."""
 
-    def __init__(self, upstream: str, max_connections: int = MAX_CONNECTIONS):
+    def __init__(self, upstream: str, max_connections: int = MAX_CONNECTIONS, budget: ConnectBudget | None = None):
         self.host, self.port = upstream_of(upstream)
         self.max_connections = max_connections
+        self.budget = budget or ConnectBudget()
+        self.paced = 0  # times the accept waited for the budget (a connect loop shows here)
         # A short path: a socket's path is limited to 107 bytes, episode directories can be deep.
         self.dir = Path(tempfile.mkdtemp(prefix="polar-api-", dir="/tmp"))
         self.path = self.dir / SOCKET_NAME
@@ -117,12 +151,42 @@ class ApiSocket:
         self.refused_peers = 0  # connections from any other process (straight to the socket)
         self.refused_calls = 0  # connections the forwarder refused (not the harness's), as it reported them
         self.refusals: list[str] = []  # the last few reasons, for the episode's record
-        self.server: asyncio.AbstractServer | None = None
+        self.server: socket.socket | None = None  # the listening socket
+        self._accepter: asyncio.Task | None = None
         self._conns: set[asyncio.Task] = set()
 
     async def start(self) -> ApiSocket:
-        self.server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.path))
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self.server = sock
+        self._accepter = asyncio.create_task(self._accept_loop(sock))
         return self
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        """Accept at the episode's pace (ConnectBudget); each connection handled in its own task."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while (wait := self.budget.take(loop.time())) > 0:
+                self.paced += 1
+                await asyncio.sleep(wait)
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError:
+                return  # the listener was closed
+            try:
+                reader, writer = await asyncio.open_unix_connection(sock=conn)
+            except OSError:
+                conn.close()
+                continue
+            task = asyncio.create_task(self._handle(reader, writer))
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
 
     def _note(self, why: str) -> None:
         self.refusals = (self.refusals + [why[:300]])[-MAX_REFUSALS_KEPT:]
@@ -131,7 +195,8 @@ class ApiSocket:
         """The episode record's account of model calls refused: not the harness's (the forwarder's
         count), or not through the forwarder at all."""
         return {"refused_calls": self.refused_calls, "refused_peers": self.refused_peers,
-                **({"refusals": list(self.refusals)} if self.refusals else {})}
+                **({"refusals": list(self.refusals)} if self.refusals else {}),
+                **({"paced_accepts": self.paced} if self.paced else {})}
 
     async def _control(self, reader, writer, pid: int, start: bytes) -> None:
         """The forwarder's CLAIM or REFUSED report (``start``: what of its line was read already)."""
@@ -158,8 +223,6 @@ class ApiSocket:
             writer.close()
             return
         self.active += 1
-        task = asyncio.current_task()
-        self._conns.add(task)
         up_writer = None
         try:
             pid = peer_pid(writer)
@@ -172,6 +235,8 @@ class ApiSocket:
             if head.startswith(MAGIC):
                 await self._control(reader, writer, pid, head[len(MAGIC):])
                 return
+            if not head:
+                return  # connected and closed, or sent nothing: no upstream connection for it
             if self.owner is None or (pid, start_time(pid)) != self.owner:
                 self.refused_peers += 1
                 why = (f"pid {pid} connected to the model API socket directly; only the sandbox's forwarder may, "
@@ -190,17 +255,17 @@ class ApiSocket:
             pass
         finally:
             self.active -= 1
-            self._conns.discard(task)
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
 
     async def close(self) -> None:
         if self.server is not None:
-            self.server.close()
-            for t in list(self._conns):
+            tasks = [t for t in (self._accepter, *self._conns) if t is not None]
+            for t in tasks:
                 t.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 2)
+            self.server.close()
             self.server = None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -211,3 +211,78 @@ def test_a_second_claim_is_refused(tmp_path):
             await api.close()
             server.close()
     assert asyncio.run(go()) == (b"NO\n", 1)
+
+
+# -- pacing: a connect loop from one sandbox costs the node what the budget allows, no more -----------
+def test_connect_budget_is_a_token_bucket():
+    from harness_recipes.runtimes.api_socket import ConnectBudget
+
+    b = ConnectBudget(rate=10.0, burst=3)
+    assert [b.take(100.0) for _ in range(3)] == [0.0, 0.0, 0.0]  # the burst at once
+    assert b.take(100.0) == pytest.approx(0.1)  # then one token per 1/rate s; nothing taken while waiting
+    assert b.take(100.05) == pytest.approx(0.05)
+    assert b.take(100.1) == 0.0 and b.take(100.1) == pytest.approx(0.1)
+    assert [b.take(200.0) for _ in range(4)][:3] == [0.0] * 3 and b.tokens < 1  # refills to the burst only
+    assert b.take(99.0) > 0  # a clock that goes back adds nothing
+    for rate, burst in ((0, 1), (1, 0), (-1, 5)):
+        with pytest.raises(ValueError, match="rate > 0 and burst >= 1"):
+            ConnectBudget(rate, burst)
+
+
+def _connect_loop(path: str, seconds: float) -> int:
+    """A connect/close loop as fast as one process goes (blocking connects: a full backlog waits)."""
+    import time
+    n, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            try:
+                s.connect(path)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
+def test_a_connect_loop_is_paced_and_a_sibling_is_served_meanwhile():
+    """One episode's socket under a connect/close loop (the loop in a thread: its own process would do
+    the same) accepts about burst + rate x seconds connections, opens no upstream connection for any
+    (they sent nothing), and a sibling episode's socket in the same event loop answers at once."""
+    from harness_recipes.runtimes.api_socket import ConnectBudget
+
+    async def go():
+        server, port, hits = await _echo_upstream()
+        flooded = await ApiSocket(f"http://127.0.0.1:{port}", budget=ConnectBudget(rate=20.0, burst=10)).start()
+        sibling = await ApiSocket(f"http://127.0.0.1:{port}").start()
+        try:
+            await claim(flooded)
+            await claim(sibling)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            flood = asyncio.create_task(asyncio.to_thread(_connect_loop, str(flooded.path), 2.0))
+            await asyncio.sleep(0.5)
+            worst = 0.0
+            for _ in range(5):  # the sibling's calls while the loop runs
+                t = loop.time()
+                r, w = await asyncio.open_unix_connection(str(sibling.path))
+                w.write(b"ping")
+                await w.drain()
+                assert await asyncio.wait_for(r.readexactly(4), 5) == b"PING"
+                w.close()
+                worst = max(worst, loop.time() - t)
+                await asyncio.sleep(0.1)
+            connects = await flood
+            elapsed = loop.time() - t0
+            await asyncio.sleep(0.2)
+            return connects, elapsed, worst, flooded.paced, flooded.refused_metadata(), len(hits)
+        finally:
+            await flooded.close()
+            await sibling.close()
+            server.close()
+    connects, elapsed, worst, paced, meta, upstream = asyncio.run(go())
+    # accepted: the claim, the burst and 20 a second (+ the backlog's 64 queued, never accepted)
+    accepted_most = 1 + 10 + 20 * elapsed + 2
+    assert paced > 0 and meta["paced_accepts"] == paced, meta
+    assert connects <= accepted_most + 64 + 2, (connects, elapsed)  # the rest waited in the sandbox
+    assert upstream == 5, upstream  # the sibling's five calls; none for the loop's empty connections
+    assert worst < 1.0, worst
