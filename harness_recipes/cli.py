@@ -32,9 +32,8 @@ from harness_recipes.node.processes import stop
 from harness_recipes.node.progress import FleetView, Progress, summary_table
 from harness_recipes.node.proxy_control import ProxyControlError, check_proxy
 from harness_recipes.node.records import Records
-from harness_recipes.node.run_metrics import REPORT_TO, RunMetrics
+from harness_recipes.node.run_metrics import REPORT_TO, RunMetrics, open_writer
 from harness_recipes.node.scheduler import Limits, Pipeline
-from harness_recipes.node.tb_events import EventWriter
 from harness_recipes.node.upstream import model_mismatch, served_models
 from harness_recipes.recipes.install import ensure_installed, installed_version, spec_of
 from harness_recipes.recipes.limits import Limits as SandboxLimits
@@ -181,9 +180,10 @@ def main() -> None:
 @click.option("--no-progress", is_flag=True, help="plain log lines instead of the live view")
 @click.option("--report-to", type=click.Choice(REPORT_TO), default="none", show_default=True,
               help="where the run's metrics go while it runs (TRL's report_to names; harness_recipes/node/"
-                   "run_metrics.py): tensorboard writes event files into --logging-dir")
+                   "run_metrics.py): tensorboard writes event files into --logging-dir; wandb logs a W&B run "
+                   "(needs `pip install wandb`; WANDB_PROJECT, WANDB_MODE=offline apply)")
 @click.option("--logging-dir", type=click.Path(file_okay=False), default=None,
-              help="with --report-to tensorboard: the event directory [default: OUT/runs]")
+              help="with --report-to: the event directory, or where W&B keeps its files [default: OUT/runs]")
 @budget_option
 def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, control_secret_file, unsafe_open_proxy,
         logdir, out, runtime, isolation, concurrency, prewarm, eval_concurrency, sequential, model, api_key_env, recon,
@@ -203,11 +203,11 @@ def run(recipe, tasks_path, swebench, repos, instances, limit, samples, proxy, c
     work.mkdir(parents=True, exist_ok=True)
     opts = _runtime_opts(runtime, isolation, keep=keep_workspaces)
     limits = Limits(prewarm=prewarm, run=concurrency, eval=eval_concurrency, sequential=sequential)
+    metrics = _metrics_writer(report_to, Path(logging_dir or out / "runs").resolve(), out, rec, tasks, samples)
     try:
         rt = make_runtime(runtime, workdir=str(work), recipe_limits=rec.limits, **opts)
-        metrics_dir = None if report_to == "none" else Path(logging_dir or Path(out) / "runs")
         code = asyncio.run(_run(rec, exe, rt, tasks, samples, settings,
-                                logdir, out, limits, recon, not no_progress, metrics_dir))
+                                logdir, out, limits, recon, not no_progress, metrics))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (see _cancel_on_sigterm)
         click.echo("polar-rollout: interrupted; running episodes were stopped and recorded as 'interrupted'. "
                    "Run the same command again to resume.", err=True)
@@ -492,8 +492,21 @@ def _tasks(tasks_path, swebench, repos, instances=None, limit=None):
     return load_tasks(tasks_path)
 
 
+def _metrics_writer(report_to: str, logging_dir: Path, out: Path, recipe, tasks, samples: int):
+    """(writer, where) for --report-to, opened before any episode runs; None for none. A backend that
+    cannot start (wandb not installed, no login) stops the run here with the reason (exit 2)."""
+    from harness_recipes.node.wandb_run import MetricsBackendError
+
+    config = {"recipe": recipe.name, "tasks": len(tasks), "samples": samples, "out": out.name}
+    try:
+        writer, where = open_writer(report_to, logging_dir, name=out.name, config=config)
+    except MetricsBackendError as exc:
+        raise click.UsageError(str(exc)) from None
+    return None if writer is None else (writer, where)
+
+
 async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out: Path, limits, recon, progress,
-               metrics_dir: Path | None = None) -> int:
+               metrics_writer=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logdir.mkdir(parents=True, exist_ok=True)
     records = Records(out)
@@ -506,10 +519,11 @@ async def _run(recipe, exe, runtime, tasks, samples, settings, logdir: Path, out
     watcher = _start_watch(records.logs, out, samples) if recon == "watch" else None
     view = Progress(enabled=progress)
     pipeline.on_change = view.update
-    metrics = RunMetrics(EventWriter(metrics_dir), logdir) if metrics_dir is not None else None
-    if metrics is not None:
-        click.echo(f"polar-rollout: metrics to TensorBoard in {metrics_dir} (tensorboard --logdir {metrics_dir})",
-                   err=True)
+    metrics = None
+    if metrics_writer is not None:
+        writer, where = metrics_writer
+        metrics = RunMetrics(writer, logdir)
+        click.echo(f"polar-rollout: {where}", err=True)
         pipeline.on_change = lambda p: (view.update(p), metrics.update(p))
     try:
         with view:

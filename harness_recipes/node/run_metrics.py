@@ -1,4 +1,4 @@
-"""A rollout's numbers while it runs, for TensorBoard (``polar-rollout run --report-to tensorboard``).
+"""A rollout's numbers while it runs (``polar-rollout run --report-to tensorboard|wandb``).
 
 At each finished episode (the step: episodes finished so far) the run writes, beside the trainer's
 ``train/...`` curves when both log to one directory:
@@ -25,7 +25,22 @@ from polar_contracts.log.table import LogError, read_table
 
 log = logging.getLogger(__name__)
 
-REPORT_TO = ("none", "tensorboard")  # the `report_to` backends polar-rollout writes (TRL's names)
+REPORT_TO = ("none", "tensorboard", "wandb")  # the `report_to` backends polar-rollout writes (TRL's names)
+
+
+def open_writer(report_to: str, logdir: Path, name: str | None = None, config: dict | None = None):
+    """The backend's writer (scalars/close) and a line saying where the numbers go; None for "none".
+    Raises wandb_run.MetricsBackendError when the backend cannot start (before any episode runs)."""
+    if report_to == "none":
+        return None, ""
+    if report_to == "tensorboard":
+        return EventWriter(logdir), f"metrics to TensorBoard in {logdir} (tensorboard --logdir {logdir})"
+    if report_to == "wandb":
+        from harness_recipes.node.wandb_run import WandbWriter
+
+        w = WandbWriter(logdir, name, config)
+        return w, f"metrics to {w.where}"
+    raise ValueError(f"report_to {report_to!r} not in {REPORT_TO}")
 
 
 def call_numbers(path: Path) -> dict[str, float]:
@@ -49,9 +64,9 @@ def call_numbers(path: Path) -> dict[str, float]:
 
 
 class RunMetrics:
-    """Pipeline.on_change listener: one TensorBoard step per finished episode."""
+    """Pipeline.on_change listener: one step per finished episode (TensorBoard or W&B writer)."""
 
-    def __init__(self, writer: EventWriter, logdir: Path | None):
+    def __init__(self, writer, logdir: Path | None):
         self.writer = writer
         self.logdir = logdir
         self.started = time.monotonic()

@@ -10,7 +10,8 @@ background (``&``) is stopped when the script ends. The only changes made to the
 - ``FILE`` -> the running proxy's control-secret file (docs/rollout.md, whose proxy the test starts,
   as that page says one must be running), and its synopsis's optional ``[--...]`` parts left out;
 - the ports 8000 / 8080 / 8081 -> free ones (other processes on this machine may hold those);
-- ``--samples 4`` -> ``--samples 1``: three episodes show that the commands work; twelve only cost time.
+- ``--samples 4`` -> ``--samples 2`` and ``--num_generations 4`` -> ``--num_generations 2``: three groups
+  of two show that the commands work (the training step takes two of them); twelve episodes only cost time.
 
 The temporary directory stands for the checkout the docs are run from: ``data/`` in it is a link
 to the repository's, the commands are the installed ones (this environment's ``bin/`` first on PATH).
@@ -30,13 +31,14 @@ import polars as pl
 
 from harness_recipes.node.local_stack import capture_proxy, serve
 from tests.support.servers import tiny_model_dir
+from trainer.cpu_fallback import accelerator_present
 
 from .fenced import REPO, marked_for
 
 SELF = "tests/docs/test_quickstarts.py"
 README, ROLLOUT = "README.md", "docs/rollout.md"
 PLACEHOLDERS = {"<id>": "quickstart-1", "MODEL_DIR": "tiny-qwen3"}
-SCALE = {"--samples 4": "--samples 1"}
+SCALE = {"--samples 4": "--samples 2", "--num_generations 4": "--num_generations 2"}
 PREAMBLE = """set -euo pipefail
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 """
@@ -78,6 +80,7 @@ def run_script(text: str, cwd: Path, timeout: float = 1500) -> subprocess.Comple
             os.killpg(proc.pid, signal.SIGKILL)  # anything the script's trap missed
         except ProcessLookupError:
             pass
+    (cwd / "quickstart.log").write_text(out)  # the whole output, for a failure's reader
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
@@ -94,11 +97,19 @@ def test_readme_five_minutes(tmp_path):
     shards = pl.read_parquet(sorted((tmp_path / "out").glob("shard-*.parquet")))
     assert shards["episode_id"].unique().to_list() == ["quickstart-1"] and shards["reward"][0] == 1.0
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    # the rollout: every episode solved by the scripted server, its shards and report in its own OUT
+    # the rollout: every episode solved by the scripted server but fix-max's second sample (the script
+    # has it only read the file, so that group's rewards differ), its shards and report in its own OUT
     recs = episodes(tmp_path / "rollout-out")
-    assert len(recs) == 3 and {r["status"] for r in recs} == {"done"}, recs
-    assert {r["reward"] for r in recs} == {1.0}, recs
+    assert len(recs) == 6 and {r["status"] for r in recs} == {"done"}, recs
+    assert {r["episode_id"]: r["reward"] for r in recs if r["reward"] != 1.0} == {"fix-max.s1": 0.0}, recs
     assert list((tmp_path / "rollout-out").glob("shard-*.parquet")) and (tmp_path / "rollout-out" / "report.html").exists()
+    # the training step on the rollout's shards, on the CPU, its weights loaded by the server through the proxy
+    assert "polar-train: no GPU found: training on the CPU in fp32" in res.stdout or accelerator_present(), res.stdout[-4000:]
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file(), res.stdout[-4000:]
+    versions = pl.read_parquet(sorted((tmp_path / "rollout-out").glob("shard-*.parquet")))["weight_version"]
+    assert len(set(versions.to_list())) == 1, versions  # all sampled by the server's first weights
+    # the step's weights, saved and synced: polar-train fails unless the proxy answers their version
+    assert (tmp_path / "ckpt" / "polar-weights" / "step-000001" / "model.safetensors").is_file()
 
 
 def test_rollout_md_quick_start(tmp_path):
@@ -112,5 +123,6 @@ def test_rollout_md_quick_start(tmp_path):
         res = run_script(text, tmp_path)
     assert res.returncode == 0, res.stdout[-8000:]
     recs = episodes(tmp_path / "out")
-    assert len(recs) == 3 and {(r["status"], r["reward"]) for r in recs} == {("done", 1.0)}, recs
+    assert len(recs) == 6 and {r["status"] for r in recs} == {"done"}, recs
+    assert {r["episode_id"]: r["reward"] for r in recs if r["reward"] != 1.0} == {"fix-max.s1": 0.0}, recs
     assert list((tmp_path / "out").glob("shard-*.parquet"))

@@ -107,8 +107,79 @@ def test_run_reports_to_tensorboard_while_it_runs(tmp_path, end_server):
     assert last["rollout/reward_mean"] == 1.0 and last["rollout/reward"] == 1.0
     assert last["rollout/episodes_per_s"] > 0 and last["rollout/call_errors"] == 0
     assert all(e["wall_time"] > 1.6e9 for e in events)
-    res = cli(*base_args(tmp_path, fix, write_tasks(tmp_path, n=2), end_server.url), "--report-to", "wandb")
-    assert res.returncode == 2 and "'wandb' is not one of 'none', 'tensorboard'" in res.stderr
+    res = cli(*base_args(tmp_path, fix, write_tasks(tmp_path, n=2), end_server.url), "--report-to", "comet")
+    assert res.returncode == 2 and "'comet' is not one of 'none', 'tensorboard', 'wandb'" in res.stderr
+
+
+# -- W&B ------------------------------------------------------------------------------------------------
+# A run file (DIR/wandb/offline-run-*/run-*.wandb) is a LevelDB-style log: a 7-byte header (":W&B",
+# a 2-byte magic, a version byte), then records in 32 KiB blocks, each a 7-byte header (CRC 4, length 2
+# little-endian, type 1: full / first / middle / last) and its data; a block's tail shorter than a
+# header is padding. Each assembled record is one wandb_internal.Record protobuf.
+W_BLOCK, W_HEAD = 32 * 1024, 7
+
+
+def wandb_records(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:8]
+    i, out, part = W_HEAD, [], b""
+    while i + W_HEAD <= len(data):
+        left = W_BLOCK - i % W_BLOCK
+        if left < W_HEAD:  # padding to the next block
+            i += left
+            continue
+        (n,), kind = struct.unpack("<H", data[i + 4:i + 6]), data[i + 6]
+        if kind == 0 and n == 0:  # zero fill (preallocated tail)
+            break
+        part += data[i + W_HEAD:i + W_HEAD + n]
+        i += W_HEAD + n
+        if kind in (1, 4):  # full, last
+            r = pb.Record()
+            r.ParseFromString(part)
+            out.append(r)
+            part = b""
+    return out
+
+
+def test_run_reports_to_wandb_while_it_runs(tmp_path, end_server):
+    """--report-to wandb: one W&B step per finished episode with the TensorBoard writer's scalars, in
+    offline mode (no W&B server here); the run's config names no secret."""
+    import json
+    import os
+
+    fix = fake_recipe(tmp_path, ["fix", "calc.py", "return a - b", "return a + b"], name="fix")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_PROJECT": "polar-test", "WANDB_SILENT": "true"}
+    res = cli(*base_args(tmp_path, fix, write_tasks(tmp_path, n=2), end_server.url),
+              "--report-to", "wandb", "--logging-dir", str(tmp_path / "wb"), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "polar-rollout: metrics to W&B run" in res.stderr and str(tmp_path / "wb" / "wandb") in res.stderr
+    [path] = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = wandb_records(path)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    assert "run" in kinds and "exit" in kinds, kinds  # started and finished
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run.project == "polar-test" and run.job_type == "rollout"
+    config = {c.key: json.loads(c.value_json) for c in run.config.update}
+    assert config["recipe"] == "fix" and config["samples"] == 1 and "secret" not in json.dumps(config), config
+    steps = [{(h.key or "/".join(h.nested_key)): json.loads(h.value_json) for h in r.history.item}
+             for r in records if r.WhichOneof("record_type") == "history"]
+    assert [s["_step"] for s in steps] == [1, 2], steps  # one step per finished episode
+    last = steps[-1]
+    assert last["rollout/episodes_finished"] == 2 and last["rollout/episodes_done"] == 2
+    assert last["rollout/reward_mean"] == 1.0 and last["rollout/call_errors"] == 0
+
+
+def test_wandb_not_installed_is_a_clear_error_before_any_episode(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from harness_recipes.node.wandb_run import MetricsBackendError, WandbWriter
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(MetricsBackendError, match="needs the wandb package: pip install wandb"):
+        WandbWriter(tmp_path / "wb")
 
 
 def test_call_numbers_from_the_capture_log(tmp_path):

@@ -65,20 +65,24 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
                             "--group-size", "2"], capture_output=True, text=True)
     assert build.returncode == 0, build.stdout + build.stderr
     rows = pq.read_table(next(out.glob("shard-*.parquet"))).to_pylist()
-    t = trainer(tiny_dir, config(tmp_path, shards=str(out), learning_rate=0.0, temperature=1.0))
-    t.train()
-    got = t.gens[0]
     # One row per episode, unless an episode's second call FORKed: at temperature 1 the tiny model can
     # sample one of its embedding's padding rows (ids with no text), and a turn whose text cannot
     # carry its ids is never realigned (docs/reconstruction.md): each call is then its own row,
-    # trained on exactly the context it was served, and is checked below against that one call.
+    # trained on exactly the context it was served, and is checked below against that one call. A forked
+    # group of three rows takes four slots of a batch (one pad), so a batch of six holds both groups.
     per_episode = Counter(r["episode_id"] for r in rows)
     assert set(per_episode) == {f"g{g}-e{e}" for g in range(2) for e in range(2)}, per_episode
-    assert got["prompt_ids"].shape[0] == len(rows) and len(rows) <= 6, [r["episode_id"] for r in rows]
-    assert all(per_episode[f"g1-e{e}"] == 1 for e in range(2))  # one call: one row
-    pi_old = t._policy_logps(got)
+    assert len(rows) <= 6 and all(per_episode[f"g1-e{e}"] == 1 for e in range(2)), per_episode  # one call: one row
+    batch = 4 if len(rows) == 4 else 6
+    t = trainer(tiny_dir, config(tmp_path, shards=str(out), learning_rate=0.0, temperature=1.0,
+                                 per_device_train_batch_size=batch))
+    t.train()
+    where = {key: (gen, i) for gen in t.gens for i, key in enumerate(gen["rows"]) if key is not None}
+    assert sorted(where) == sorted((r["episode_id"], r["segment"]) for r in rows), sorted(where)
     realigned = 0
-    for i, r in enumerate(rows):
+    for r in rows:
+        got, i = where[(r["episode_id"], r["segment"])]
+        pi_old = t._policy_logps(got)
         u, p = unpad(got, i), r["prompt_len"]
         assert u["prompt"] == r["input_ids"][:p] and u["completion"] == r["input_ids"][p:]
         assert u["env_mask"] == r["loss_mask"][p:]
@@ -111,8 +115,9 @@ def test_trainer_inputs_equal_proxy_logs(tmp_path, tiny_dir):
     print(f"{realigned}/4 rows realigned; IS stats {got['is_stats']}", file=sys.stderr)
     assert realigned <= 2  # the one-call episodes are exact end to end
     if not realigned:  # the usual case: every trainable token's ratio is 1
-        st = got["is_stats"]
-        assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
+        for got in t.gens:
+            st = got["is_stats"]
+            assert st["logp_diff_max"] < 1e-3 and st["mean"] == pytest.approx(1.0, abs=1e-3), st
 
 
 @pytest.mark.parametrize("dialect,mode", [("vllm", "processed"), ("sglang", "scaled")])

@@ -27,6 +27,7 @@ class Recording(PolarGRPOTrainer):
             self.gens = []
         snap = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in out.items()}
         snap["is_stats"] = dict(self.polar_is_stats)
+        snap["rows"] = [None if x["polar_pad"] else (x["episode_id"], x["segment"]) for x in inputs]
         self.gens.append(snap)
         return out
 
