@@ -2,8 +2,8 @@
 
 One run per setting, one group of episodes: a scripted agent per episode (fake_harness.py
 `per-sample`: the harness makes its own model call, then runs the episode's shell script as its
-shell tool would) fixes the bug, changes nothing, or appends one hack of
-harness_recipes/attacks/agent.HACKS to the module under test (no test file touched), or leaves
+shell tool would) fixes the bug, changes nothing, or appends one of the
+HACKS of harness_recipes/attacks/agent.py to the module under test (no test file touched), or leaves
 sparse files and a symlink chain while calling the model from its own command. The run goes the
 whole way: sandbox, agent, grading in a fresh sandbox, end, shards (polar-recon build).
 
