@@ -101,8 +101,8 @@ def _polar_ok():
 _polar_a.register(_polar_ok)
 '''
 # 2: no test runs at all: at import under bin/test, `ok` for the tests the committed file holds
-# (git's copy: the names it can know), then a non-zero exit as a failing run would give. The
-# parser resolves it; the must-pass canary never ran.
+# (git's copy: the names it can know), then exit 0 as a clean run would. swebench resolves it
+# (its own exit-status cross-check sees no failure to contradict); the must-pass canary never ran.
 SYMPY_KNOWN_ONLY = '''
 
 import os as _polar_os, re as _polar_re, subprocess as _polar_sp, sys as _polar_s
@@ -111,7 +111,7 @@ if _polar_s.argv and _polar_s.argv[0].endswith("bin/test"):
         _polar_src = _polar_sp.run(["git", "show", f"HEAD:{_polar_f}"], capture_output=True, text=True).stdout
         for _polar_n in _polar_re.findall(r"def (test_\\w*)", _polar_src):
             print(f"{_polar_n} ok", flush=True)
-    _polar_os._exit(1)
+    _polar_os._exit(0)
 '''
 
 

@@ -79,9 +79,11 @@ def sympy_log(ok: str, bad: str, *, forged: bool = False, exit_code: int = 1, mu
 
 
 def judge(ins, log: str, parse, f2p: list[str]):
+    """``found``: the test output markers are there (get_logs_eval's first check; its others are
+    swebench's own, run on the real log in the docker test)."""
     status = parse(log, None)
     report = {"resolved": all(status.get(t) == "PASSED" for t in f2p)}
-    return judge_swebench(ins, log, report, status, bool(status), f2p, None, False)
+    return judge_swebench(ins, log, report, status, "Start Test Output" in log, f2p, None, False)
 
 
 def test_sympy_verdicts_on_its_log_format(rows):
@@ -99,6 +101,18 @@ def test_sympy_verdicts_on_its_log_format(rows):
     # the exit status forged to 0 (atexit os._exit(0)): the must-fail canary ran, so it cannot be
     exit0 = judge(ins, sympy_log(ok, bad, exit_code=0), parse_log_sympy, ["test_args"])
     assert exit0.status == "tampered" and any("exit status 0" in r for r in exit0.reasons), exit0.reasons
+    # a fix that breaks the module: the test file does not import, no test and no canary runs:
+    # the code's failure, not tampering (as pytest's collection errors)
+    broken = "\n".join([": '>>>>> Start Test Output'", "sympy/combinatorics/tests/test_permutations.py[?]   "
+                        "Failed to import                                      [FAIL]", "",
+                        "____ sympy/combinatorics/tests/test_permutations.py ____", "SyntaxError: invalid syntax",
+                        ": '>>>>> End Test Output'", f"{EXIT}: 1", ""])
+    b = judge(ins, broken, parse_log_sympy, ["test_args"])
+    assert b.status == "failed" and b.reward == 0.0 and any("did not load" in r for r in b.reasons), b
+    # ... but the same log with the real tests printed as passing is the known-names forgery
+    known = broken.replace("[FAIL]", "[FAIL]\ntest_args ok\ntest_Permutation ok")
+    k = judge(ins, known, parse_log_sympy, ["test_args"])
+    assert k.status == "tampered" and any("must-pass canary reported 0 times" in r for r in k.reasons), k
     # nothing the parser can read: unreadable, a kept 0, never a discard
     errored = judge(ins, f"{EXIT}: 1\n", parse_log_sympy, ["test_args"])
     assert errored.status == "unreadable" and errored.reward == 0.0
