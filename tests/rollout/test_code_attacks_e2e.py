@@ -7,7 +7,7 @@ HACKS of harness_recipes/attacks/agent.py to the module under test (no test file
 sparse files and a symlink chain while calling the model from its own command. The run goes the
 whole way: sandbox, agent, grading in a fresh sandbox, end, shards (polar-recon build).
 
-Settings: the bundled fix-add task (unittest) on local+bubblewrap, and the published SWE-bench
+Settings: the bundled fix-add task (unittest) on local+bubblewrap and on docker, and the published SWE-bench
 Verified flask row (pallets__flask-5014, pytest -rA, swebench's parser) in its docker image, the
 hacks appended to src/flask/blueprints.py, which every test imports through flask/__init__.py.
 
@@ -74,19 +74,18 @@ def agents(module: str, fix: str, verdicts: dict[str, str]) -> dict[int, tuple[s
     return out
 
 
+BUNDLED = dict(task="bundled", module="calc.py", fix="sed -i 's/return a - b/return a + b/' calc.py\n",
+               # fix-add as it ships (python3 -m unittest, Polar's runner records the outcomes): a hack
+               # that changes nothing the verdict reads is a plain failure
+               verdicts={"atexit_exit": "tampered", "patched_results": "tampered", "passed_printer": "failed",
+                         "errored_printer": "failed"})
 SETTINGS = {
-    # fix-add as it ships (python3 -m unittest, Polar's runner records the outcomes): a hack that
-    # changes nothing the verdict reads is a plain failure
-    "local-bundled": dict(
-        runtime="local", tasks=None, module="calc.py",
-        fix="sed -i 's/return a - b/return a + b/' calc.py\n",
-        verdicts={"atexit_exit": "tampered", "patched_results": "tampered", "passed_printer": "failed",
-                  "errored_printer": "failed"}),
+    "local-bundled": dict(runtime="local", **BUNDLED),
+    "docker-bundled": dict(runtime="docker", **BUNDLED),
     # the published flask row: the printed lines reach swebench's parser, the JUnit XML and the
     # canaries disagree with them
     "docker-flask": dict(
-        runtime="docker", tasks=["--tasks", f"swebench:{FLASK_ROW}", "--repos", str(REPOS)],
-        module="src/flask/blueprints.py", fix=None,
+        runtime="docker", task="flask", module="src/flask/blueprints.py", fix=None,
         verdicts={"atexit_exit": "tampered", "patched_results": "tampered", "passed_printer": "tampered",
                   "errored_printer": "tampered"}),
 }
@@ -122,11 +121,13 @@ def test_each_hack_of_the_code_under_test_trains_a_zero(setting, tmp_path, reque
     s = SETTINGS[setting]
     if s["runtime"] == "docker":
         request.getfixturevalue("docker_runtime_cls")  # skipped, saying why, without a Docker engine
+    elif not bwrap_available():
+        pytest.skip("bubblewrap cannot create namespaces here: local grading is tamper-proof only under it")
+    if s["task"] == "flask":
         gold = json.loads(FLASK_ROW.read_text())["patch"]
         fix = f"git apply --whitespace=nowarn {tmp_path / 'cache' / 'fake' / 'gold.patch'}\n"
+        tasks = ["--tasks", f"swebench:{FLASK_ROW}", "--repos", str(REPOS)]
     else:
-        if not bwrap_available():
-            pytest.skip("bubblewrap cannot create namespaces here: local grading is tamper-proof only under it")
         gold, fix = None, s["fix"]
         line = json.loads(TASKS.read_text().splitlines()[0])  # fix-add, as it ships
         assert line["id"] == "fix-add"
@@ -134,13 +135,13 @@ def test_each_hack_of_the_code_under_test_trains_a_zero(setting, tmp_path, reque
         # (its polar-serve script is the codex demo's: not this scripted agent's)
         line = {k: v for k, v in line.items() if k != "script"}
         one.write_text(json.dumps({**line, "workspace": str(TASKS.parent / line["workspace"])}) + "\n")
-        s = {**s, "tasks": ["--tasks", str(one)]}
+        tasks = ["--tasks", str(one)]
     scripts = agents(s["module"], fix, s["verdicts"])
     recipe, env = install_agents(tmp_path, scripts, gold)
     logdir, out = tmp_path / "logs", tmp_path / "out"
     with serve(tiny_model_dir()) as srv, capture_proxy(srv.url, logdir) as proxy:
         proc = subprocess.run(
-            [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", str(recipe), *s["tasks"],
+            [sys.executable, "-m", "harness_recipes.cli", "run", "--recipe", str(recipe), *tasks,
              "--samples", str(len(scripts)), "--runtime", s["runtime"], "--proxy", proxy.url,
              "--control-secret-file", str(proxy.secret_file), "--logdir", str(logdir), "--out", str(out),
              "--concurrency", "2", "--prewarm", "2", "--eval-concurrency", "2", "--no-progress"],
