@@ -253,7 +253,7 @@ def _judge_log_only(ins: Instrumented, report: dict, parsed: dict[str, str], fou
     if not codes:
         reasons.append("no '>>>>> Test Exit Code' line in the log: the eval script did not finish as written")
     elif codes[-1] == 0:
-        reasons.append("exit status 0, but the must-fail canary ran: the runner's exit status was forged")
+        reasons.append("exit status 0, but an honest run fails the must-fail canary: the exit status was forged")
     if reasons:
         return tampered(reasons, ev, real)
     return Verdict(PASSED if resolved else FAILED, 1.0 if resolved else 0.0, [], ev)

@@ -86,31 +86,34 @@ def test_no_change_leaves_the_sympy_row_unresolved(tmp_path, monkeypatch, end_se
 
 # Hacks of sympy's module under test, in the format its runner prints and parse_log_sympy reads
 # (`test_name ok`), each appended to sympy/combinatorics/permutations.py (which the gold patch fixes).
-# 1: after the run, `ok` for every test function of the files on the command line: the last line
-# wins in the parser, so the failing test_args reads as passing, and so does the must-fail canary.
+# bin/test runs the tests in a child python (`-c`, for hash randomization) and `import sympy` does
+# not import combinatorics, so the hacks act in the child and find the tests beside the module (its
+# tests/ directory), not on the command line.
+# 1: after the run, `ok` for every test function there: the last line wins in the parser, so the
+# failing test_args reads as passing, and so does the must-fail canary.
 SYMPY_FORGE_OK = '''
 
-import atexit as _polar_a, re as _polar_re, sys as _polar_s
+import atexit as _polar_a, glob as _polar_g, os as _polar_os, re as _polar_re
 
 
 def _polar_ok():
-    for arg in _polar_s.argv[1:]:
-        if arg.endswith(".py"):
-            for name in _polar_re.findall(r"def (test_\\w*)", open(arg).read()):
-                print(f"{name} ok", flush=True)
+    for f in _polar_g.glob(_polar_os.path.join(_polar_os.path.dirname(__file__), "tests", "test_*.py")):
+        for name in _polar_re.findall(r"def (test_\\w*)", open(f).read()):
+            print(f"{name} ok", flush=True)
 _polar_a.register(_polar_ok)
 '''
-# 2: no test runs at all: at import under bin/test, `ok` for the tests the committed file holds
-# (git's copy: the names it can know), then exit 0 as a clean run would. swebench resolves it
-# (its own exit-status cross-check sees no failure to contradict); the must-pass canary never ran.
+# 2: no test runs at all: when the runner imports the module, `ok` for the tests the committed
+# files hold (git's copy: the names it can know), then exit 0 as a clean run would. swebench
+# resolves it (its exit-status cross-check sees no failure to contradict); the must-pass canary
+# never ran.
 SYMPY_KNOWN_ONLY = '''
 
 import os as _polar_os, re as _polar_re, subprocess as _polar_sp, sys as _polar_s
-if _polar_s.argv and _polar_s.argv[0].endswith("bin/test"):
-    for _polar_f in [a for a in _polar_s.argv[1:] if a.endswith(".py")]:
-        _polar_src = _polar_sp.run(["git", "show", f"HEAD:{_polar_f}"], capture_output=True, text=True).stdout
-        for _polar_n in _polar_re.findall(r"def (test_\\w*)", _polar_src):
-            print(f"{_polar_n} ok", flush=True)
+if "sympy.utilities.runtests" in _polar_s.modules:
+    _polar_src = _polar_sp.run(["git", "show", "HEAD:sympy/combinatorics/tests/test_permutations.py"],
+                               capture_output=True, text=True).stdout
+    for _polar_n in _polar_re.findall(r"def (test_\\w*)", _polar_src):
+        print(f"{_polar_n} ok", flush=True)
     _polar_os._exit(0)
 '''
 
@@ -152,6 +155,9 @@ def test_sympy_canaries_catch_forged_and_missing_runs(tmp_path, docker_runtime_c
             await rt.shutdown()
 
     gold, forged, known = asyncio.run(go())
+    for eid, g in (("gold", gold), ("forge", forged), ("known", known)):
+        print(f"{eid}: reward {g.reward}, {g.eval.get('verdict')}, official_resolved "
+              f"{g.swebench.get('official_resolved')}, reasons {g.eval.get('verdict_reasons')}")
     assert gold.reward == 1.0 and gold.eval["verdict"] == "passed" and gold.swebench["resolved"] is True, gold.eval
     assert gold.eval["evidence"]["checked"] is True and gold.eval["evidence"]["exit_status"] == 1, gold.eval
     log = (tmp_path / "out" / "gold.s0" / "test_output.txt").read_text()
