@@ -124,7 +124,8 @@ def _runner(words: list[str]) -> str | None:
 def _test_files(runner: str, words: list[str]) -> tuple[str, ...]:
     """The test files the command runs, relative to /testbed: pytest's and sympy's as named (a
     pytest node id's file part); django's labels are test modules under tests/ (SWE-bench writes
-    them from test_patch's paths: tests/a/b.py -> a.b)."""
+    them from test_patch's paths: tests/a/b.py -> a.b). A label naming a class or a method (not
+    SWE-bench's) would name no file: its canaries would be missing, a false `tampered`."""
     if runner != "django":
         return tuple(dict.fromkeys(w.split("::")[0] for w in words if w.split("::")[0].endswith(".py")))
     at = next(i for i, w in enumerate(words) if w.endswith("runtests.py"))
