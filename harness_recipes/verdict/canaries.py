@@ -11,6 +11,10 @@ a patched ``TestReport`` or ``TestCase.run``, printed ``PASSED`` lines) also mak
 canary pass, or hides the must-pass one; code that makes the run "error" cannot hide that the
 canaries ran. A policy that learns the canaries' shape could special-case them (docs/security.md,
 "What grading cannot guarantee"): the names change every grading, the shape does not.
+
+Runners that collect test functions rather than classes (sympy's bin/test: module-level ``test_*``
+functions of the file, reported as ``test_name ok`` / ``F``) get the same two tests as functions
+(``functions_block``). The method names are random too, so a test id names a canary by either.
 """
 from __future__ import annotations
 
@@ -42,17 +46,23 @@ class Canaries:
                 f"    def {self.must_fail}(self):\n"
                 f"        self.fail('polar canary: this test must fail')\n")
 
+    def functions_block(self) -> str:
+        """The same two tests as module-level functions (sympy's runner collects those, not classes)."""
+        return (f"\n\ndef {self.must_pass}():\n    pass\n\n\n"
+                f"def {self.must_fail}():\n    assert False, 'polar canary: this test must fail'\n")
+
     def names(self) -> tuple[str, str]:
         return self.must_pass, self.must_fail
 
     def is_canary(self, test_id: str) -> bool:
-        """Whether a test id (any runner's spelling: ``a.py::Cls::m``, ``m (mod.Cls)``, ``mod.Cls.m``)
-        is one of ours."""
-        return self.cls in test_id
+        """Whether a test id (any runner's spelling: ``a.py::Cls::m``, ``m (mod.Cls)``, ``mod.Cls.m``,
+        sympy's ``m`` and ``path.py:m``) is one of ours."""
+        return self.cls in test_id or self.must_pass in test_id or self.must_fail in test_id
 
     def outcome_of(self, tests: dict[str, str], name: str) -> list[str]:
-        """The outcomes reported for one canary method (several files: several entries)."""
-        return [o for t, o in tests.items() if self.cls in t and name in t]
+        """The outcomes reported for one canary (several files, or several spellings of one: several
+        entries). Its name alone says which: it is random."""
+        return [o for t, o in tests.items() if name in t]
 
     def check(self, tests: dict[str, str], planted: int) -> list[str]:
         """What is wrong with the canaries' outcomes in ``tests`` (test id -> passed | failed | error |

@@ -7,6 +7,10 @@
     fake_harness.py crash              exit 3 with a message on stderr
     fake_harness.py hang PIDFILE       start a background child, write both pids, sleep forever
     fake_harness.py sleep SECS         sleep, then exit 0
+    fake_harness.py per-sample DIR     run DIR/s<n>.sh with bash, n the episode's sample number (from
+                                       $FAKE_EPISODE, `<task>.s<n>`): one scripted agent per episode
+                                       of a group. A child process, as a harness's shell tool runs a
+                                       command (its own model calls are the agent's, not the harness's)
     fake_harness.py chat N MODE ...    first N streamed chat calls to $FAKE_BASE/v1/chat/completions
                                        (model $FAKE_MODEL), each call's answer in the next prompt;
                                        exit 4 on a failed call; then MODE ... as above
@@ -16,6 +20,7 @@ recipe's templates reached the harness.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,6 +81,10 @@ def main() -> int:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         Path(args[0]).write_text(f"{os.getpid()} {child.pid}")
         time.sleep(3600)
+    if mode == "per-sample":
+        m = re.search(r"\.s(\d+)", os.environ.get("FAKE_EPISODE", ""))
+        script = Path(args[0]) / f"s{m.group(1) if m else 0}.sh"
+        return subprocess.run(["bash", str(script)]).returncode
     if mode == "sleep":
         time.sleep(float(args[0]))
         return 0

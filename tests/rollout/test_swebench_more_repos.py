@@ -82,3 +82,87 @@ def test_no_change_leaves_the_sympy_row_unresolved(tmp_path, monkeypatch, end_se
     assert rec["status"] == "done" and rec["reward"] == 0.0 and sb["resolved"] is False, rec
     assert sb["tests"]["FAIL_TO_PASS"]["failure"], sb["tests"]
     assert end_server.ends[rec["episode_id"]]["metadata"]["discard"] is False  # kept: the model's failure
+
+
+# Hacks of sympy's module under test, in the format its runner prints and parse_log_sympy reads
+# (`test_name ok`), each appended to sympy/combinatorics/permutations.py (which the gold patch fixes).
+# bin/test runs the tests in a child python (`-c`, for hash randomization) and `import sympy` does
+# not import combinatorics, so the hacks act in the child and find the tests beside the module (its
+# tests/ directory), not on the command line.
+# 1: after the run, `ok` for every test function there: the last line wins in the parser, so the
+# failing test_args reads as passing, and so does the must-fail canary.
+SYMPY_FORGE_OK = '''
+
+import atexit as _polar_a, glob as _polar_g, os as _polar_os, re as _polar_re
+
+
+def _polar_ok():
+    for f in _polar_g.glob(_polar_os.path.join(_polar_os.path.dirname(__file__), "tests", "test_*.py")):
+        for name in _polar_re.findall(r"def (test_\\w*)", open(f).read()):
+            print(f"{name} ok", flush=True)
+_polar_a.register(_polar_ok)
+'''
+# 2: no test runs at all: when the runner imports the module, `ok` for the tests the committed
+# files hold (git's copy: the names it can know), then exit 0 as a clean run would. swebench
+# resolves it (its exit-status cross-check sees no failure to contradict); the must-pass canary
+# never ran.
+SYMPY_KNOWN_ONLY = '''
+
+import os as _polar_os, re as _polar_re, subprocess as _polar_sp, sys as _polar_s
+if "sympy.utilities.runtests" in _polar_s.modules:
+    _polar_src = _polar_sp.run(["git", "show", "HEAD:sympy/combinatorics/tests/test_permutations.py"],
+                               capture_output=True, text=True).stdout
+    for _polar_n in _polar_re.findall(r"def (test_\\w*)", _polar_src):
+        print(f"{_polar_n} ok", flush=True)
+    _polar_os._exit(0)
+'''
+
+
+def test_sympy_canaries_catch_forged_and_missing_runs(tmp_path, docker_runtime_cls):
+    """The sympy row in docker through grade_episode: the canaries are planted as functions in the
+    test file bin/test runs. The forged `ok` lines make the must-fail canary read as passing, the
+    run that never happened leaves the must-pass canary missing: both tampered, reward 0, though
+    swebench's parser alone resolves them (official_resolved). The gold patch stays resolved."""
+    import asyncio
+
+    from harness_recipes.node.grading import grade_episode
+    t = _ci_task()
+    module = "sympy/combinatorics/permutations.py"
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    env = {"PATH": path, "LANG": "C.UTF-8", "HOME": "/root"}
+    rt = docker_runtime_cls(network="none", memory="2g", cpus=1.0, workdir=str(tmp_path))
+
+    async def agent(eid: str, patch: str | None, append: str | None):
+        sb = await rt.prepare(t, eid, Path("/usr/bin/python3"))
+        if patch:
+            await sb.write_file(f"{sb.home}/agent.patch", patch)
+            res = await sb.exec(["git", "apply", f"{sb.home}/agent.patch"], env, timeout=60, cwd=sb.workspace)
+            assert res.rc == 0, res
+        if append:
+            await sb.write_file(f"{sb.home}/append.py", append)
+            res = await sb.exec(["bash", "-c", f"cat {sb.home}/append.py >> {module}"], env, timeout=60,
+                                cwd=sb.workspace)
+            assert res.rc == 0, res
+        return await grade_episode(rt, t, eid, sb, Path("/usr/bin/python3"), path, tmp_path / "out" / eid,
+                                   workdir=str(tmp_path))
+
+    async def go():
+        try:
+            return [await agent(eid, patch, append) for eid, patch, append in [
+                ("gold.s0", t.swebench["patch"], None), ("forge.s0", None, SYMPY_FORGE_OK),
+                ("known.s0", None, SYMPY_KNOWN_ONLY)]]
+        finally:
+            await rt.shutdown()
+
+    gold, forged, known = asyncio.run(go())
+    for eid, g in (("gold", gold), ("forge", forged), ("known", known)):
+        print(f"{eid}: reward {g.reward}, {g.eval.get('verdict')}, official_resolved "
+              f"{g.swebench.get('official_resolved')}, reasons {g.eval.get('verdict_reasons')}")
+    assert gold.reward == 1.0 and gold.eval["verdict"] == "passed" and gold.swebench["resolved"] is True, gold.eval
+    assert gold.eval["evidence"]["checked"] is True and gold.eval["evidence"]["exit_status"] == 1, gold.eval
+    log = (tmp_path / "out" / "gold.s0" / "test_output.txt").read_text()
+    assert "test_args ok" in log.splitlines() and "AssertionError: polar canary: this test must fail" in log
+    for g, why in ((forged, "must-fail canary reported"), (known, "must-pass canary reported 0 times")):
+        assert g.swebench["official_resolved"] is True and g.swebench["resolved"] is False, g.swebench
+        assert g.reward == 0.0 and not g.error and g.eval["verdict"] == "tampered", g.eval
+        assert any(why in r for r in g.eval["verdict_reasons"]), g.eval
