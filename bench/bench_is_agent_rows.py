@@ -3,7 +3,7 @@ far its weights sit from 1, against row length (2k / 8k / 32k tokens) under serv
 for polar's modes and, side by side on the same rows, TRL's, verl's and slime's handling.
 
     PYTHONPATH=. .venv/bin/python bench/bench_is_agent_rows.py [--positions 32768] [--vocab 32768] \
-        [--rows 64] [--lengths 2048 8192 32768] [--sampling 0.6,20,0.95,0] [--json out.json]
+        [--rows 64] [--lengths 2048 8192 32768] [--sampling 0.6,20,0.95,0] [--json out.json] [--check]
 
 Logits (not the random tiny model, whose near-uniform softmax crowds the top-k boundary): a synthetic
 vocabulary of ``--vocab`` ids (8,192 by default: the cuts fall in the top few dozen, the tail only sets
@@ -33,6 +33,16 @@ Handlings (weights per trainable token; a lost token has weight 0, its reason co
   the row, as does any token ratio < 1e-4: the veto), full-softmax pi_old;
 - slime ``--use-tis`` (token ratios clamped to [0, 2]) and icepop (token ratios outside [0.5, 2] zeroed),
   full-softmax pi_old.
+
+The mean log ratio, exactly (``expectation_terms``): a sampled per-token mean carries the draw's spread
+(one token per position: a standard error of ~4e-4 at 4,096 positions), so per position the expectation
+over the token the server draws is taken exactly, over its whole kept set weighted by mu. Under sampling
+from mu, E_mu[log pi_old - log mu] = -KL(mu || pi_S) + E_mu[log pi_old - log pi_S], pi_S the trainer's
+logits over the server's own kept set: the first term is the mismatch itself (no trainer handling changes
+it), the second what polar's pi_old adds (kept-set disagreement, re-added tokens), split by source; the
+cap's effect and the tokens lost are reported beside them, every term with its standard error over the
+positions. The criterion (``--check`` exits 1 unless every condition meets it): |added bias| < 1e-3 per
+token and lost < 1% of the trainable tokens at 8,192-token rows.
 """
 from __future__ import annotations
 
