@@ -225,7 +225,7 @@ def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transf
 
     ``cut_dtype``: make the cuts on the logits rounded to the server's precision (e.g. torch.bfloat16), the
     probabilities still on the trainer's own. A bf16 server makes its cuts on bf16 logits: a min_p cut
-    compares differences that lie on the bf16 grid, so it sits, on average, at the next grid point inside
+    compares differences that lie on the bf16 grid, so it sits, on average, inside
     the exact threshold, and top_k keeps the ties the grid makes; an fp32 trainer's set then differs one
     way on average, not at random, and the mean log ratio moves by up to a few 1e-3 per token
     (bench/bench_is_agent_rows.py, docs/benchmarks/trainer.md). Rounding the trainer's logits the same
