@@ -23,7 +23,9 @@ Output: the device, dtype, timings and, per rule, the share of tokens with pi_ol
 needed the sampled token added, the sequence ratio mean / min, the share of sequences zeroed (< 1e-6)
 or outside [1/3, 3], the mean (signed) log ratio per token and, for the trainer's rule, the share of
 trainable tokens each IS mode gives weight 0 (``lost_token_share``: what the trainer counts in the
-excluded share). Long rows: ``--tokens 2048 --seqs 16`` (the issue-33 check of the default on a GPU).
+excluded share); ``after_server_dtype_cut`` is the default rule with the cuts made on the trainer's logits
+rounded to ``--dtype`` (polar-train's ``--server_logits_dtype``). Long rows: ``--tokens 2048 --seqs 16``
+(the check of the default on long rows, on a GPU).
 Runs in well under 3 minutes on one GPU (64 x 64 tokens); on a CPU (``--device cpu
 --dtype bf16``) in about a minute (tests/trainer/test_gpu_script.py runs it so).
 """
@@ -119,19 +121,23 @@ def main(argv=None) -> dict:
         behaviour = torch.stack(behaviour, 1).float().cpu()
     t2 = time.perf_counter()
     full = torch.cat([prompts, completion], 1)
-    rules = {"before": False, "after": True}
+    # (keep_sampled, cut_dtype): the old rule, the default, and the cuts at the server's precision
+    # (--server_logits_dtype; trainer/behaviour_logprobs.py ``cut_dtype``)
+    cut = getattr(torch, DTYPES[a.dtype]) if a.dtype != "fp32" else None
+    rules = {"before": (False, None), "after": (True, None), "after_server_dtype_cut": (True, cut)}
     old = {r: torch.zeros_like(behaviour) for r in rules}
     added = {r: torch.zeros_like(completion, dtype=torch.bool) for r in rules}
     with torch.no_grad():  # the trainer: fp32 on the CPU, the logits that predict each completion token
         for i in range(a.seqs):
             logits = trainer(input_ids=full[i:i + 1]).logits[0, a.prompt_len - 1:-1].float()
-            for r, keep in rules.items():
-                old[r][i], added[r][i] = sampled_token_logprobs(logits, completion[i], t, keep_sampled=keep)
+            for r, (keep, cut_dtype) in rules.items():
+                old[r][i], added[r][i] = sampled_token_logprobs(logits, completion[i], t, keep_sampled=keep,
+                                                                cut_dtype=cut_dtype)
     mask = torch.ones_like(completion)
     res = {"device": device, "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
            "server_dtype": a.dtype, "trainer": "float32 cpu", "seqs": a.seqs, "tokens": a.tokens,
            "transform": str(t), "torch": torch.__version__}
-    for rule, keep in rules.items():
+    for rule, (keep, _) in rules.items():
         old_r = old[rule]
         if keep:
             _, _, bad = is_ratio_masks(old_r, behaviour, mask, "sequence_mask", None, 3.0)

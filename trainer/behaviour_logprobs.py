@@ -170,10 +170,10 @@ def mask_logits_(z: torch.Tensor, t: Transform) -> torch.Tensor:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK,
-                   keep_sampled: bool = True) -> torch.Tensor:
+                   keep_sampled: bool = True, cut_dtype: torch.dtype | None = None) -> torch.Tensor:
     """log p(token) under ``t`` for each position: logits (N, V) unscaled, tokens (N,) -> (N,) float32
     (``sampled_token_logprobs`` without the count)."""
-    return sampled_token_logprobs(logits, tokens, t, chunk, keep_sampled)[0]
+    return sampled_token_logprobs(logits, tokens, t, chunk, keep_sampled, cut_dtype)[0]
 
 
 def cut_slack(z: torch.Tensor, tok: torch.Tensor, t: Transform) -> torch.Tensor:
@@ -206,7 +206,8 @@ def cut_slack(z: torch.Tensor, tok: torch.Tensor, t: Transform) -> torch.Tensor:
 
 
 def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transform, chunk: int = CHUNK,
-                           keep_sampled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                           keep_sampled: bool = True, cut_dtype: torch.dtype | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(token) under ``t`` per position, float32 (N,); added (N,) bool).
 
     The sampled token counts as kept (``keep_sampled``) when the trainer's recomputed set drops it but it
@@ -220,7 +221,16 @@ def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transf
     at the cuts on which the two sets disagree (only the server's own mask removes it: docs/training.md).
     ``added`` marks the positions where the token had to be added (logged as a share: a large share means
     the recorded sampling parameters are not the applied ones). ``keep_sampled=False`` is the old rule
-    (-inf outside the set), kept for the benchmarks."""
+    (-inf outside the set), kept for the benchmarks.
+
+    ``cut_dtype``: make the cuts on the logits rounded to the server's precision (e.g. torch.bfloat16), the
+    probabilities still on the trainer's own. A bf16 server makes its cuts on bf16 logits: a min_p cut
+    compares differences that lie on the bf16 grid, so it sits, on average, inside
+    the exact threshold, and top_k keeps the ties the grid makes; an fp32 trainer's set then differs one
+    way on average, not at random, and the mean log ratio moves by up to a few 1e-3 per token
+    (bench/bench_is_agent_rows.py, docs/benchmarks/trainer.md). Rounding the trainer's logits the same
+    way removes that; None (the default) cuts on the logits as they are (right when both sides share a
+    precision: rounding a bf16 trainer's logits to bf16 changes nothing)."""
     if logits.dim() != 2 or tokens.shape != logits.shape[:1]:
         raise ValueError(f"logits (N, V) and tokens (N,) expected, got {tuple(logits.shape)} and {tuple(tokens.shape)}")
     out = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
@@ -231,8 +241,12 @@ def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, t: Transf
         tok = tokens[s:s + chunk].long().unsqueeze(-1)
         if t.truncates:
             before = z.gather(-1, tok)
-            slack = cut_slack(z, tok, t) if keep_sampled else None
-            mask_logits_(z, t)
+            zc = z if cut_dtype is None else logits[s:s + chunk].to(cut_dtype).float() / t.temperature
+            slack = cut_slack(zc, tok, t) if keep_sampled else None
+            if cut_dtype is None:
+                mask_logits_(z, t)
+            else:
+                z.masked_fill_(torch.isneginf(mask_logits_(zc, t)), -math.inf)
             if keep_sampled:
                 lost = torch.isneginf(z.gather(-1, tok)) & torch.isfinite(before) & (slack <= tol)
                 z.scatter_(-1, tok, torch.where(lost, before, z.gather(-1, tok)))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trainer.config_choices import GROUP_SIZE_POLICIES, IS_MODES, REALIGN_IS, SYNC_MODES
+from trainer.config_choices import GROUP_SIZE_POLICIES, IS_MODES, REALIGN_IS, SERVER_LOGITS_DTYPES, SYNC_MODES
 from trainer.cpu_fallback import fall_back_to_cpu
 
 
@@ -28,6 +28,14 @@ class PolarGRPOConfig(GRPOConfig):
         "sequence_truncate | sequence_mask (TRL's default; a product over the row: drops long agent rows on "
         "numerics alone). Every token a mode gives weight 0 is counted in polar/excluded_share."})
 
+    # A bf16 server cuts on bf16 logits (min_p's threshold on the bf16 grid, top_k's ties); an fp32 trainer
+    # cutting on its own logits disagrees one way on average, a bias of up to a few 1e-3 per token in the
+    # mean log ratio under min_p / a large top_k (docs/benchmarks/trainer.md, bench/bench_is_agent_rows.py).
+    server_logits_dtype: str | None = field(default=None, metadata={
+        "help": "The precision of the server's logits (bfloat16 | float16), when it is below the trainer's: pi_old's "
+        "top_k/top_p/min_p cuts are then made on the trainer's logits rounded to it (the probabilities stay the "
+        "trainer's). Set bfloat16 for a bf16 server (vLLM's default for bf16 models) with an fp32 trainer. "
+        "None: cut on the trainer's logits as they are (right when both share a precision)."})
     shards: str | None = field(default=None, metadata={
         "help": "Shard directory or filesystem URI (file://, s3://, memory://, ...) that polar-recon writes."})
     shard_poll_interval: float = field(default=1.0, metadata={"help": "Seconds between directory listings."})
@@ -103,6 +111,8 @@ class PolarGRPOConfig(GRPOConfig):
                 "resolved, so polar cannot check that they are untruncated: turn "
                 "vllm_importance_sampling_correction on (OPSM is then allowed on untruncated rows only) or unset "
                 "off_policy_mask_threshold")
+        if self.server_logits_dtype is not None and self.server_logits_dtype not in SERVER_LOGITS_DTYPES:
+            raise ValueError(f"server_logits_dtype {self.server_logits_dtype!r} not in {SERVER_LOGITS_DTYPES} (or None)")
         if self.realign_is not in REALIGN_IS:
             raise ValueError(f"realign_is {self.realign_is!r} not in {REALIGN_IS}")
         for name in ("max_excluded_share", "max_realign_share"):

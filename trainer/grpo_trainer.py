@@ -291,6 +291,7 @@ class PolarGRPOTrainer(GRPOTrainer):
         out = torch.zeros(b, t, dtype=torch.float32, device=completion.device)
         added = torch.zeros(b, t, dtype=torch.bool, device=completion.device)
         bs = self.args.per_device_train_batch_size
+        cut_dtype = getattr(torch, self.args.server_logits_dtype) if self.args.server_logits_dtype else None
         for s in range(0, b, bs):
             # As TRL's _get_per_token_logps_and_entropies: the logits that predict each completion token.
             logits = self.model(input_ids=ids[s:s + bs], attention_mask=attn[s:s + bs],
@@ -299,7 +300,7 @@ class PolarGRPOTrainer(GRPOTrainer):
                 pos = mask[s + j].nonzero().squeeze(-1)
                 if pos.numel():
                     out[s + j, pos], added[s + j, pos] = sampled_token_logprobs(
-                        logits[j, pos], completion[s + j, pos], transforms[s + j])
+                        logits[j, pos], completion[s + j, pos], transforms[s + j], cut_dtype=cut_dtype)
             del logits
         self._polar_kept_added = added
         return out

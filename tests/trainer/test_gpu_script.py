@@ -26,3 +26,5 @@ def test_gpu_script_runs_on_cpu_in_bf16(tmp_path):
     # the default mode (token_truncate) gives no token weight 0 when none is -inf
     assert after["lost_token_share"]["token_truncate"] == 0.0 and set(after["lost_token_share"]) == {
         "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}
+    cut = res["after_server_dtype_cut"]  # the cuts on bf16-rounded trainer logits (--server_logits_dtype)
+    assert cut["masked_token_share"] == 0.0 and cut["lost_token_share"]["token_truncate"] == 0.0

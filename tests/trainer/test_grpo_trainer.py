@@ -228,6 +228,9 @@ def test_config_refuses_misaligned_checkpoints_and_vllm(tmp_path):
         config(tmp_path, max_steps=-1)
     with pytest.raises(ValueError, match="group_size_policy"):
         config(tmp_path, group_size_policy="truncate")
+    with pytest.raises(ValueError, match="server_logits_dtype"):
+        config(tmp_path, server_logits_dtype="int8")
+    assert config(tmp_path, server_logits_dtype="bfloat16").server_logits_dtype == "bfloat16"
 
 
 def test_train_grpo_script_and_resume(tmp_path, tiny_dir):

@@ -94,6 +94,34 @@ def test_a_sampled_token_at_the_cut_is_kept_and_one_far_outside_is_not():
     assert torch.equal(token_logprobs(logits, inside, t), token_logprobs(logits, inside, t, keep_sampled=False))
 
 
+
+@pytest.mark.parametrize("t", [Transform(1.0, -1, 1.0, 0.05), Transform(1.0, 50, 1.0), Transform(0.6, 20, 0.95, 0.05)],
+                         ids=str)
+def test_cuts_on_the_servers_precision(t):
+    """A bf16 server cuts on bf16 logits (min_p's threshold lands on the bf16 grid, top_k keeps the grid's
+    ties); with ``cut_dtype=torch.bfloat16`` an fp32 trainer whose logits round to the server's makes the very
+    same cut, so its pi_old is the server's kept set renormalised, for every token the server kept; cutting
+    on its fp32 logits it disagrees at some positions (what the option is for)."""
+    g = torch.Generator().manual_seed(2)
+    v = 2000
+    # rank-log logits of a trained LM's size (the bf16 step 0.125 at 16-32), ids shuffled
+    logits = (24 - 2 * torch.arange(1, v + 1).float().log() + 0.3 * torch.randn(256, v, generator=g))
+    logits = logits[:, torch.randperm(v, generator=g)]
+    server = mask_logits_(logits.bfloat16().float() / t.temperature, t)
+    kept = torch.isfinite(server)
+    pos, tok = kept.nonzero(as_tuple=True)
+    pi_s = (logits / t.temperature).masked_fill(~kept, -math.inf).log_softmax(-1)[pos, tok]
+    lp, added = sampled_token_logprobs(logits[pos], tok, t, cut_dtype=torch.bfloat16)
+    assert not bool(added.any()) and torch.allclose(lp, pi_s, atol=1e-5)
+    fp32_kept = torch.isfinite(mask_logits_(logits / t.temperature, t))
+    assert bool((fp32_kept != kept).any(-1).any()), "the fixture must put tokens on the grid's side of a cut"
+    lp32 = token_logprobs(logits[pos], tok, t)
+    assert not torch.allclose(lp32, pi_s, atol=1e-5)
+    # the server's own precision: rounding bf16 logits to bf16 changes nothing
+    same = logits.bfloat16()
+    assert torch.equal(token_logprobs(same[pos], tok, t, cut_dtype=torch.bfloat16), token_logprobs(same[pos], tok, t))
+
+
 def test_cut_slack_per_truncation():
     z = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     tok = torch.tensor([[3]])

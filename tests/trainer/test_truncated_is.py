@@ -119,3 +119,23 @@ def test_hook_matches_trl_logps_without_truncation(tmp_path, tiny_dir, sampler):
     assert wide.truncates
     ours = t._old_policy_logps(out, [wide] * out["completion_ids"].size(0))
     assert torch.allclose(ours[mask], trl[mask], atol=1e-5)
+    # server_logits_dtype reaches the cuts: the hook passes it to sampled_token_logprobs as cut_dtype
+    import trainer.grpo_trainer as gt
+
+    seen = []
+
+    def spy(*a, **kw):
+        seen.append(kw.get("cut_dtype"))
+        return real(*a, **kw)
+
+    real, gt.sampled_token_logprobs = gt.sampled_token_logprobs, spy
+    try:
+        cut = Transform(0.6, 20, 0.95, 0.05)
+        t.args.server_logits_dtype = "bfloat16"
+        t._old_policy_logps(out, [cut] * out["completion_ids"].size(0))
+        t.args.server_logits_dtype = None
+        t._old_policy_logps(out, [cut] * out["completion_ids"].size(0))
+    finally:
+        gt.sampled_token_logprobs = real
+    rows = int(mask.any(-1).sum())
+    assert seen == [torch.bfloat16] * rows + [None] * rows
