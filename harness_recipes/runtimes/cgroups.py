@@ -12,6 +12,9 @@ so (run the node in a cgroup of its own: systemd-run --scope -p Delegate=yes, or
 
 Writing a pid into a cgroup needs root (or a delegated tree): a node that cannot create them refuses
 to start unless every limit is 0 (LocalRuntime).
+
+Tests: v1 enforced for real (tests/rollout/test_sandbox_limits.py); v2 against a fake tree that answers
+as the kernel's cgroup v2 doc says (tests/rollout/test_cgroups_v2.py), not on a v2 kernel.
 """
 from __future__ import annotations
 
@@ -122,20 +125,42 @@ class CgroupTree:
         return 1, parents
 
     def _v2_parent(self, base: Path, name: str) -> Path:
+        # The rules below are the kernel's, Documentation/admin-guide/cgroup-v2.rst: "Enabling and
+        # Disabling" (only controllers listed in cgroup.controllers can be enabled), "Threads"
+        # (cgroup.type; only threaded controllers, not memory, in a threaded subtree) and "No Internal
+        # Process Constraint" (a non-root cgroup with processes of its own cannot enable controllers
+        # for its children; writing cgroup.subtree_control fails with EBUSY).
+        offered = _read(base / "cgroup.controllers").split()
+        if missing := [c for c in self.wanted if c not in offered]:
+            # Checked first: writing a controller the cgroup is not offered fails too (ENOENT), and that
+            # failure is not the internal-process one below.
+            raise CgroupError(
+                f"the node's cgroup {base} is not given the {', '.join(missing)} controller(s) (its cgroup.controllers: "
+                f"{' '.join(offered) or 'none'}): delegate them to it (systemd-run --scope -p Delegate=yes ..., or a "
+                f"container), or set that limit to 0")
+        kind = _read(base / "cgroup.type").strip()  # absent on the root cgroup, which is always a domain
+        if kind and kind != "domain":
+            raise CgroupError(f"the node's cgroup {base} is of type {kind!r}, not 'domain': its children cannot get "
+                              "the memory controller and its cgroup.procs cannot be read. Run the node in a cgroup of "
+                              "its own, or set every limit to 0")
         want = " ".join(f"+{c}" for c in self.wanted)
         try:
             (base / "cgroup.subtree_control").write_text(want)
         except OSError as e:
-            procs = _read(base / "cgroup.procs").split()
-            if procs != [str(os.getpid())]:
+            # The doc says a pid may show up more than once in cgroup.procs: compare sets.
+            others = set(_read(base / "cgroup.procs").split()) - {str(os.getpid())}
+            if others:
                 raise CgroupError(
                     f"cannot give {base}'s children the {', '.join(self.wanted)} controllers ({e.strerror or e}): "
                     f"cgroup v2 allows that only for a cgroup without processes of its own, and "
-                    f"{len(procs)} process(es) share the node's. Run the node in a cgroup of its own (systemd-run "
-                    "--scope -p Delegate=yes ..., or a container), or set every limit to 0") from None
+                    f"{len(others)} other process(es) share the node's. Run the node in a cgroup of its own "
+                    "(systemd-run --scope -p Delegate=yes ..., or a container), or set every limit to 0") from None
             # Only the node is here: it moves into a leaf of its own, so its cgroup can hand out controllers.
             leaf = base / "polar-node"
-            leaf.mkdir(exist_ok=True)
+            try:
+                leaf.mkdir(exist_ok=True)
+            except OSError as e2:
+                raise CgroupError(f"cannot create the cgroup {leaf}: {e2.strerror or e2}") from None
             _write(leaf / "cgroup.procs", str(os.getpid()))
             _write(base / "cgroup.subtree_control", want)
         parent = base / name
