@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness_recipes.tasks.swebench.instances import load_instances
 
+from .docker_agent import scripted_agent
 from .test_swebench_docker import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,26 +126,11 @@ def test_sympy_canaries_catch_forged_and_missing_runs(tmp_path, docker_runtime_c
     swebench's parser alone resolves them (official_resolved). The gold patch stays resolved."""
     import asyncio
 
-    from harness_recipes.node.grading import grade_episode
     t = _ci_task()
     module = "sympy/combinatorics/permutations.py"
-    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = {"PATH": path, "LANG": "C.UTF-8", "HOME": "/root"}
     rt = docker_runtime_cls(network="none", memory="2g", cpus=1.0, workdir=str(tmp_path))
 
-    async def agent(eid: str, patch: str | None, append: str | None):
-        sb = await rt.prepare(t, eid, Path("/usr/bin/python3"))
-        if patch:
-            await sb.write_file(f"{sb.home}/agent.patch", patch)
-            res = await sb.exec(["git", "apply", f"{sb.home}/agent.patch"], env, timeout=60, cwd=sb.workspace)
-            assert res.rc == 0, res
-        if append:
-            await sb.write_file(f"{sb.home}/append.py", append)
-            res = await sb.exec(["bash", "-c", f"cat {sb.home}/append.py >> {module}"], env, timeout=60,
-                                cwd=sb.workspace)
-            assert res.rc == 0, res
-        return await grade_episode(rt, t, eid, sb, Path("/usr/bin/python3"), path, tmp_path / "out" / eid,
-                                   workdir=str(tmp_path))
+    agent = scripted_agent(rt, t, module, tmp_path)
 
     async def go():
         try:

@@ -23,6 +23,7 @@ from harness_recipes.tasks.swebench.eval_script import eval_script
 from harness_recipes.tasks.swebench.instances import load_instances
 from harness_recipes.tasks.swebench.specs import spec_for
 
+from .docker_agent import scripted_agent
 from .test_swebench_docker import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -458,25 +459,10 @@ def test_a_forged_log_is_tampered_and_the_gold_patch_still_resolves(tmp_path, do
     tampered, graded (no eval error). The gold patch in the same setting: 1.0, passed."""
     import asyncio
 
-    from harness_recipes.node.grading import grade_episode
     t = flask()
-    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = {"PATH": path, "LANG": "C.UTF-8", "HOME": "/root"}
     rt = docker_runtime_cls(network="none", memory="2g", cpus=1.0, workdir=str(tmp_path))
 
-    async def agent(eid: str, patch: str | None, append: str | None):
-        sb = await rt.prepare(t, eid, Path("/usr/bin/python3"))
-        if patch:
-            await sb.write_file(f"{sb.home}/agent.patch", patch)
-            res = await sb.exec(["git", "apply", f"{sb.home}/agent.patch"], env, timeout=60, cwd=sb.workspace)
-            assert res.rc == 0, res
-        if append:
-            await sb.write_file(f"{sb.home}/append.py", append)
-            res = await sb.exec(["bash", "-c", f"cat {sb.home}/append.py >> src/flask/blueprints.py"], env,
-                                timeout=60, cwd=sb.workspace)
-            assert res.rc == 0, res
-        return await grade_episode(rt, t, eid, sb, Path("/usr/bin/python3"), path, tmp_path / "out" / eid,
-                                   workdir=str(tmp_path))
+    agent = scripted_agent(rt, t, "src/flask/blueprints.py", tmp_path)
 
     async def go():
         try:
