@@ -40,12 +40,13 @@ ROOT = BENCH.parent
 os.environ.setdefault("POLAR_CACHE", str(ROOT / ".cache"))  # the checkout's cache (harnesses), as make
 
 from harness_recipes.cache import tiny_model  # noqa: E402
-from harness_recipes.long_episode import CALLS, NO_CALL_FITS, build, only_too_long, run_long, write_script  # noqa: E402
+from harness_recipes.long_episode import CALLS, build, no_call_fits, only_too_long, run_long, write_script  # noqa: E402
 from harness_recipes.node.local_stack import capture_proxy, serve  # noqa: E402
 
 
 def run_all(names: list[str], calls: int, base: Path, split_len: int | None, echo) -> tuple[dict, list[str]]:
     """{recipe: LongRun} of `calls`-call episodes, and the recipes that failed (with why)."""
+    base.mkdir(parents=True, exist_ok=True)
     script = write_script(base / f"long-{calls}.json", calls)
     logdir = base / "logs"
     out, failed = {}, []
@@ -55,48 +56,67 @@ def run_all(names: list[str], calls: int, base: Path, split_len: int | None, ech
             echo(f"[long] {name}: {calls} calls")
             try:
                 out[name] = run_long(name, proxy, logdir, base, calls, echo=echo, split_len=split_len)
+                echo(f"[long] {json.dumps(out[name].as_dict())}")
             except Exception as exc:  # noqa: BLE001 - one harness failing is a result, the others still run
                 failed.append(f"{name}: {exc}"[:2000])
                 echo(f"[long] {name} failed: {exc}"[:2000])
     return out, failed
 
 
-def train_once(logdir: Path, base: Path, split_len: int, max_length: int | None, echo) -> dict:
-    """Build every long log into one group (--max-len split_len) and take one polar-train step on
-    the CPU with --shard_max_length `max_length` (default: the second-shortest episode's longest
-    row). Returns what the step did."""
+def train_once(logdirs: list[Path], base: Path, split_len: int, max_length: int | None, echo) -> dict:
+    """Build every log of `logdirs` (the long episodes, and the baseline's short ones, so that a
+    group keeps two episodes when the longest are excluded) into one GRPO group with --max-len
+    `split_len`, and take one polar-train step on the CPU with --shard_max_length `max_length`
+    (default: one token less than the longest row the trainer could train, so that episode is
+    excluded as too_long) and --temperature the rows' most common one. Returns what the step did."""
+    from collections import Counter
+
     import pyarrow.parquet as pq
 
+    logs = base / "train-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for d in logdirs:
+        for f in Path(d).glob("*.arrow"):
+            (logs / f.name).hardlink_to(f)
     shards = base / "train-shards"
-    b = build(logdir, shards, "--max-len", str(split_len), group_by="status")
-    no_row = sum(NO_CALL_FITS in ln for ln in (b.stdout + b.stderr).splitlines() if ln.startswith("error:"))
+    b = build(logs, shards, "--max-len", str(split_len), group_by="status")
+    no_row = sum(no_call_fits(ln) for ln in (b.stdout + b.stderr).splitlines() if ln.startswith("error:"))
     if b.returncode != 0 and not only_too_long(b):
         raise RuntimeError(f"polar-recon build for training failed: {b.stdout[-2000:]}{b.stderr[-2000:]}")
     rows = [r for s in sorted(shards.glob("*.parquet"))
-            for r in pq.read_table(s, columns=["episode_id", "input_ids"]).to_pylist()]
+            for r in pq.read_table(s, columns=["episode_id", "input_ids", "temperature"]).to_pylist()]
+    temps = Counter(r["temperature"] for r in rows if r["temperature"])
+    if not temps:
+        raise RuntimeError("no row sampled at a temperature > 0: nothing the trainer can train")
+    temperature = temps.most_common(1)[0][0]
     longest: dict[str, int] = {}
-    per_ep: dict[str, int] = {}
+    per_ep: Counter = Counter()
+    trainable = set()  # sampled at the trainer's temperature (others: excluded by the trainer, counted)
     for r in rows:
-        longest[r["episode_id"]] = max(longest.get(r["episode_id"], 0), len(r["input_ids"]))
-        per_ep[r["episode_id"]] = per_ep.get(r["episode_id"], 0) + 1
-    if len(longest) < 2:
-        raise RuntimeError(f"{len(longest)} episode(s) with rows at --max-len {split_len}: a GRPO group needs 2")
+        e = r["episode_id"]
+        longest[e] = max(longest.get(e, 0), len(r["input_ids"]))
+        per_ep[e] += 1
+        if r["temperature"] == temperature:
+            trainable.add(e)
     if max_length is None:
-        max_length = sorted(longest.values())[1]
-    kept = [e for e, n in longest.items() if n <= max_length]
+        max_length = max(longest[e] for e in trainable) - 1
+    kept = [e for e in trainable if longest[e] <= max_length]
+    if len(kept) < 2:
+        raise RuntimeError(f"--shard_max_length {max_length} leaves {len(kept)} episode(s): a GRPO group needs 2")
     kept_rows = sum(per_ep[e] for e in kept)
     g = 2
-    n = max(g, math.ceil(kept_rows / g) * g)  # the generation batch: the kept rows, in whole blocks of g
-    echo(f"[train] {len(rows)} rows of {len(longest)} episodes; --shard_max_length {max_length}: "
-         f"{len(kept)} episodes ({kept_rows} rows) fit")
+    n = math.ceil(kept_rows / g) * g  # the generation batch: the kept rows, in whole blocks of g
+    echo(f"[train] {len(rows)} rows of {len(longest)} episodes; --temperature {temperature}: {len(trainable)} "
+         f"episodes; --shard_max_length {max_length}: {len(kept)} episodes ({kept_rows} rows) fit")
     argv = ["--shards", str(shards), "--model", str(tiny_model()), "--output_dir", str(base / "ckpt"),
             "--max_steps", "1", "--num_generations", str(g), "--per_device_train_batch_size", "1",
             "--gradient_accumulation_steps", str(n), "--shard_max_length", str(max_length),
+            "--temperature", str(temperature),
             "--use_cpu", "--bf16", "false", "--gradient_checkpointing", "false", "--report_to", "none",
             "--save_strategy", "no", "--shard_wait_timeout", "30", "--disable_tqdm", "true", "--logging_steps", "1",
             "--torch_threads", "2",
-            # the harnesses set their own sampling (or none): the proxy cannot always tell which
-            # top_k/top_p the server applied; this step shows the rows are consumed, not the IS ratio
+            # polar-serve applies the generation_config's top_k/top_p; this step shows how the rows
+            # are consumed (kept, excluded, counted), not the importance ratio
             "--vllm_importance_sampling_correction", "false"]
     code = ("import json, sys\nfrom trainer.train_grpo import train\nt = train(sys.argv[1:])\n"
             "logs = [h for h in t.state.log_history if 'polar/rows_excluded_too_long_total' in h]\n"
@@ -109,12 +129,12 @@ def train_once(logdir: Path, base: Path, split_len: int, max_length: int | None,
     if p.returncode != 0 or not line:
         raise RuntimeError(f"polar-train failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-3000:]}")
     step = json.loads(line[-1].split(" ", 1)[1])
-    return {"split_len": split_len, "episodes_without_rows": no_row, "shard_max_length": max_length,
-            "episodes": len(longest), "rows": len(rows),
+    return {"split_len": split_len, "episodes_without_rows": no_row, "temperature": temperature,
+            "shard_max_length": max_length, "episodes": len(longest), "rows": len(rows),
             "longest_rows": dict(sorted(longest.items())), "episodes_fit": len(kept), "rows_fit": kept_rows,
             "global_step": step.get("global_step"), "wall_s": round(wall, 1),
-            "rows_excluded_too_long_total": step.get("polar/rows_excluded_too_long_total"),
-            "groups_total": step.get("polar/groups_total"), "rows_padded_total": step.get("polar/rows_padded_total"),
+            "metrics": {k: v for k, v in step.items() if k.startswith("polar/") and v
+                        and ("excluded" in k or "groups" in k or "padded" in k)},
             "loss": step.get("loss")}
 
 
@@ -158,7 +178,8 @@ def main() -> None:
         long, long_failed = run_all(names, a.calls, base / f"c{a.calls}", a.split_len, echo)
         train = None
         if not a.no_train:
-            train = train_once(base / f"c{a.calls}" / "logs", base / "train", a.split_len, a.max_length, echo)
+            train = train_once([base / f"c{a.calls}" / "logs", base / f"c{a.baseline_calls}" / "logs"], base / "train",
+                               a.split_len, a.max_length, echo)
     result = {"calls": a.calls, "baseline_calls": a.baseline_calls,
               "long": {k: v.as_dict() for k, v in long.items()}, "baseline": {k: v.as_dict() for k, v in short.items()},
               "failed": long_failed + short_failed, "train": train}
