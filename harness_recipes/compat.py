@@ -193,11 +193,11 @@ def scripted_stack(logdir: Path):
 
 
 def long_cell(run) -> str:
-    """The long-episode column from a LongRun: segments and trained share, and anything unexpected
-    (fewer calls than scripted: the CLI stopped its loop; a status other than done; a ledger that
-    does not close)."""
+    """The long-episode column from a LongRun: segments and trained share, and anything else the run
+    showed (the calls captured, agent and auxiliary, when not LONG_CALLS; a status other than done;
+    a ledger that does not close)."""
     text = f"{run.segments}, {run.trained_share:.1%}"
-    notes = [f"{run.calls} calls"] if run.calls != LONG_CALLS else []
+    notes = [f"{run.calls} call{'' if run.calls == 1 else 's'}"] if run.calls != LONG_CALLS else []
     if run.status != "done" or run.reward != 1.0:
         notes.append(f"{run.status}, reward {run.reward}")
     if not run.closes:
