@@ -71,14 +71,14 @@ COMPACTION = {
                    '"generationConfig": {"contextWindowSize": 30000, "customHeaders"')),
         summary_request="summarizes internal chat history"),
     "claude-code": Compaction(
-        "compacts (20% of a 100k auto-compact window): summary call trained (REALIGN), each call after it a FORK",
+        "compacts (20% of a 100k auto-compact window, again every tool round or two here): summary calls trained, "
+        "each call after one a FORK",
         # CLAUDE_CODE_AUTO_COMPACT_WINDOW's floor is 100,000 tokens, but the threshold is a share of
         # it: 20% (20,000 tokens) is crossed by the first listing (its system prompt and 24 tools are
         # ~18,900 tokens), far below the tiny model's 40,960. Its summary call keeps the tools and the
-        # history and appends the instruction to the last user turn (so it extends the rows before
-        # it, a REALIGN): no [[auxiliary]] rule singles it out, so it is trained, as Codex's is.
-        # Every call after the compaction was a FORK of its own in the runs here (why is open:
-        # docs/compatibility.md).
+        # history and appends the instruction to the last user turn: no [[auxiliary]] rule singles
+        # it out, so it is trained, as Codex's is. 20,000 is barely above its base prompt, so it
+        # compacts again after each tool round or two (docs/compatibility.md).
         settings=(('IS_SANDBOX = "1"', 'CLAUDE_CODE_AUTO_COMPACT_WINDOW = "100000"\n'
                    'CLAUDE_AUTOCOMPACT_PCT_OVERRIDE = "20"\nIS_SANDBOX = "1"'),),
         summary_request="Your task is to create a detailed summary of the conversation so far", summary="trained"),
