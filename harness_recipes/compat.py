@@ -8,6 +8,10 @@ its history, whether the sampled reasoning came back, the sub-agent tool it decl
 episode id reached the proxy, and what reconstruction found (link kinds: CLEAN / REALIGN / FORK,
 re-render classes, training segments). Compaction is a harness feature this short task never
 triggers: the column says whether the run showed one (a later call resending a shorter history).
+Then each recipe runs a LONG_CALLS-call episode of the same task (harness_recipes/long_episode.py:
+the fix, inspection calls, the tests, the answer) on a server of its own, and the last column gives
+the segments reconstruction made of it and the share of sampled tokens trained (with the calls
+captured when the CLI stopped short of the script, and the status when it was not done).
 
     python -m harness_recipes.compat --out docs/compatibility.md [--recipe NAME ...] [--keep DIR]
 
@@ -28,12 +32,15 @@ import click
 
 from harness_recipes.tasks.samples import SCRIPT, TASKS, sample_task_file  # noqa: F401 (TASKS: also imported from here)
 
+# The long episode's length in the matrix (harness_recipes/long_episode.py; the bench measures 100)
+LONG_CALLS = 100
+LONG_COLUMN = f"{LONG_CALLS}-call episode: segments, trained share"
 # Tool names harnesses give their sub-agent launcher.
 SUBAGENT_TOOLS = ("task", "Task", "Agent", "invoke_agent", "spawn_agent", "dispatch_agent", "delegate")
 COLUMNS = ("Recipe", "CLI (npm / PyPI)", "API on the wire", "Streams", "Tools declared / tool calls resent",
            "Thinking resent", "Title call (no tools)", "Sub-agent tool", "Compaction (this run)",
            "Episode id reaches the proxy by", "Calls (agent + auxiliary)", "Reconstruction: links", "Re-render classes",
-           "Segments", "Reward")
+           "Segments", "Reward", LONG_COLUMN)
 BEGIN, END = "<!-- compat-matrix:begin -->", "<!-- compat-matrix:end -->"
 
 
@@ -63,8 +70,18 @@ COMPACTION = {
                   ('"generationConfig": {"customHeaders"',
                    '"generationConfig": {"contextWindowSize": 30000, "customHeaders"')),
         summary_request="summarizes internal chat history"),
-    # not exercised yet: the reason is in docs/compatibility.md, "Sub-agents and compaction"
-    "claude-code": Compaction("has auto-compact (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE); not exercised"),
+    "claude-code": Compaction(
+        "compacts (20% of a 100k auto-compact window, again every tool round or two here): summary calls trained, "
+        "each call after one a FORK",
+        # CLAUDE_CODE_AUTO_COMPACT_WINDOW's floor is 100,000 tokens, but the threshold is a share of
+        # it: 20% (20,000 tokens) is crossed by the first listing (its system prompt and 24 tools are
+        # ~18,900 tokens), far below the tiny model's 40,960. Its summary call keeps the tools and the
+        # history and appends the instruction to the last user turn: no [[auxiliary]] rule singles
+        # it out, so it is trained, as Codex's is. 20,000 is barely above its base prompt, so it
+        # compacts again after each tool round or two (docs/compatibility.md).
+        settings=(('IS_SANDBOX = "1"', 'CLAUDE_CODE_AUTO_COMPACT_WINDOW = "100000"\n'
+                   'CLAUDE_AUTOCOMPACT_PCT_OVERRIDE = "20"\nIS_SANDBOX = "1"'),),
+        summary_request="Your task is to create a detailed summary of the conversation so far", summary="trained"),
     "codex": Compaction(
         "compacts (auto-compact limit 12000): summary call trained (own segment), next call FORK",
         # its system prompt and tools are ~8,800 tokens; the limit is crossed after the second
@@ -185,18 +202,41 @@ def scripted_stack(logdir: Path):
         yield proxy
 
 
+def long_cell(run) -> str:
+    """The long-episode column from a LongRun: segments and trained share, and anything else the run
+    showed (the calls captured, agent and auxiliary, when not LONG_CALLS; a status other than done;
+    a ledger that does not close)."""
+    text = f"{run.segments}, {run.trained_share:.1%}"
+    notes = [f"{run.calls} call{'' if run.calls == 1 else 's'}"] if run.calls != LONG_CALLS else []
+    if run.status != "done" or run.reward != 1.0:
+        notes.append(f"{run.status}, reward {run.reward}")
+    if not run.closes:
+        notes.append("ledger does not close")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def build_rows(names: list[str], keep: Path | None = None, echo=print) -> list[dict[str, str]]:
+    from harness_recipes.cache import tiny_model
+    from harness_recipes.long_episode import run_long, write_script
+    from harness_recipes.node.local_stack import capture_proxy, serve
     from polar_recon.tokens import DEFAULT_TOKENIZER, TurnMarkers
 
     markers = TurnMarkers.load(DEFAULT_TOKENIZER)
     with contextlib.ExitStack() as stack:
         base = keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polar-compat-")))
         logdir = base / "logs"
-        proxy = stack.enter_context(scripted_stack(logdir))
-        rows = []
-        for name in names:
-            echo(f"[compat] {name}")
-            rows.append(run_recipe(name, proxy, logdir, base, markers, echo))
+        with scripted_stack(logdir) as proxy:
+            rows = []
+            for name in names:
+                echo(f"[compat] {name}")
+                rows.append(run_recipe(name, proxy, logdir, base, markers, echo))
+        # the long episode: its own script, so its own server and proxy
+        long = base / "long"
+        script = write_script(base / "long_episode.json", LONG_CALLS)
+        with serve(tiny_model(), script=script) as srv, capture_proxy(srv.url, long / "logs") as proxy:
+            for row in rows:
+                echo(f"[compat] {row['Recipe']}: {LONG_CALLS}-call episode")
+                row[LONG_COLUMN] = long_cell(run_long(row["Recipe"], proxy, long / "logs", long, LONG_CALLS, echo))
         return rows
 
 

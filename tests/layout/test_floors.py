@@ -20,7 +20,8 @@ FLOORS: list[set[str]] = [
     {"verdict"},  # the verdict the code under test cannot write (canaries, structured results)
     {"recipes", "tasks"},  # harness recipes; tasks, SWE-bench instances, their images and grading
     {"runtimes"},  # where an episode runs: it runs what the task resolved
-    {"node"},  # one rollout node: scheduler, episodes, proxies, the local capture stack
+    # one rollout node: scheduler, episodes, proxies, the local capture stack; the long-episode script
+    {"node", "long_episode"},
     {"fleet", "attacks", "compat"},  # the Ray fleet; the sandbox attack suite; the compat matrix
     {"demo"},  # `make demo`, the closed loop, scripted replies on the real vLLM
     {"cli"},  # polar-rollout

@@ -3,7 +3,9 @@
 The fast test: every bundled recipe has a row, with the CLI version the recipe pins, its API and
 how its episode id reaches the proxy. The run test: the recipes named in POLAR_COMPAT_RECIPES
 (default: gemini-cli and opencode; "all" for every bundled one) run the scripted task again
-through the proxy against polar-serve, and the rows they produce must equal the committed ones.
+through the proxy against polar-serve, then the 100-call episode (harness_recipes/long_episode.py:
+the last column, its segments and trained share), and the rows they produce must equal the
+committed ones. The long episode is most of the run's cost: 1 to 4 minutes a harness on 2 cores.
 Regenerate with `python -m harness_recipes.compat --out docs/compatibility.md`.
 """
 from __future__ import annotations
