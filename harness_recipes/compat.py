@@ -90,9 +90,20 @@ COMPACTION = {
         # test checks).
         settings=(('model_reasoning_effort = "low"', 'model_reasoning_effort = "low"\nmodel_auto_compact_token_limit = 12000'),),
         summary_request="CONTEXT CHECKPOINT COMPACTION", summary="trained"),
-    # compressionThreshold 0.014 (14,680 of its 1,048,576-token default limit; the limit is no
-    # setting for a model it does not know) and prompts up to 16,043 tokens: no compression call
-    "gemini-cli": Compaction("has chat compression (model.compressionThreshold); did not compact here"),
+    "gemini-cli": Compaction(
+        "compacts (compressionThreshold 0.01 of its 1,048,576 limit, at the next-speaker check's \"Please continue.\"): "
+        "summary + verify calls AUX, next call FORK",
+        # it checks the threshold (against the last answer's usageMetadata.promptTokenCount) before
+        # each turn, but compresses only up to the last user turn that is not a tool result
+        # (findCompressSplitPoint in chatCompressionService): in a one-prompt -p run that is the
+        # prompt itself, so nothing, until the history ends in a text answer. With the next-speaker
+        # check on (skipNextSpeakerCheck false; the script answers "model" once) the CLI then sends
+        # "Please continue." and first compresses the whole history. 0.01 (10,485 tokens) is under
+        # the last prompt here (~16,000). The summary and verify calls have their own system prompt:
+        # the recipe's chat-compression rule makes both auxiliary, as Qwen Code's.
+        settings=(('"model": {"name": "${model}"},',
+                   '"model": {"name": "${model}", "compressionThreshold": 0.01, "skipNextSpeakerCheck": false},'),),
+        summary_request="distilling chat history into a structured XML <state_snapshot>"),
     "opencode": Compaction("has session compaction; not exercised (overflows after each summary)"),
     "aider": Compaction("summarises old chat history; not exercised"),
     "mini-swe-agent": Compaction("none (keeps the whole history)"),
