@@ -104,7 +104,23 @@ COMPACTION = {
         settings=(('"model": {"name": "${model}"},',
                    '"model": {"name": "${model}", "compressionThreshold": 0.01, "skipNextSpeakerCheck": false},'),),
         summary_request="distilling chat history into a structured XML <state_snapshot>"),
-    "opencode": Compaction("has session compaction; not exercised (overflows after each summary)"),
+    "opencode": Compaction(
+        "compacts (limit.context 14500, limit.output 4000: overflow at 10,500 tokens): summary call AUX, next call FORK",
+        # OpenCode compacts after a step whose usage (prompt + completion) reaches the model's usable
+        # window, limit.context - limit.output (isOverflow/usable in its SessionCompaction module;
+        # compaction.reserved counts only with limit.input). 10,500 lies between the largest call
+        # after the summary (base prompt ~7,000 + summary + one listing: 9,565 here) and the call
+        # after both listings (11,819): it compacts once, after the tests, and no call after the
+        # summary overflows again (a smaller window would compact again while the agent redoes
+        # the work from the summary, and again after that summary). tail_turns 0: the summary
+        # replaces the whole history (by default recent turns stay verbatim up to a token budget,
+        # so the prompt after the summary would depend on that budget). The summary call has its
+        # own system prompt ("You are a context summarization agent") and no tools: the recipe's
+        # session-compaction rule makes it auxiliary, as Qwen Code's and Gemini CLI's.
+        settings=(('"limit": {"context": 32768, "output": 4096}}}',
+                   '"limit": {"context": 14500, "output": 4000}}}'),
+                  ('"lsp": false,', '"lsp": false,\n  "compaction": {"tail_turns": 0},')),
+        summary_request="Create a new anchored summary from the conversation history"),
     "aider": Compaction("summarises old chat history; not exercised"),
     "mini-swe-agent": Compaction("none (keeps the whole history)"),
     "pi": Compaction("has auto-compaction; not exercised"),

@@ -25,6 +25,19 @@ def test_opencode_rule_flags_its_title_call_and_nothing_with_tools():
     assert first_match(rules, "chat", "not json") is None
 
 
+def test_opencode_rule_flags_its_compaction_summary_call_and_not_the_call_after_it():
+    rules = _rules("opencode")
+    summary = {"model": "m", "messages": [
+        {"role": "system", "content": "You are a context summarization agent. You are given a conversation ..."},
+        {"role": "user", "content": "<conversation>...</conversation> Create a new anchored summary ..."}]}
+    assert first_match(rules, "chat", json.dumps(summary)) == "session-compaction"
+    # the next agent call resends the summary, with the agent's system prompt and tools: trained
+    after = {"model": "m", "tools": [{"type": "function", "function": {"name": "bash"}}], "messages": [
+        {"role": "system", "content": "You are OpenCode, ..."}, {"role": "user", "content": "What did we do so far?"},
+        {"role": "assistant", "content": "## Objective ..."}]}
+    assert first_match(rules, "chat", json.dumps(after)) is None
+
+
 def test_claude_code_rule_matches_a_messages_body_with_output_format():
     rules = _rules("claude-code")
     body = {"model": "m", "system": [{"type": "text", "text": "x"}], "output_format": {"type": "json_schema"},
