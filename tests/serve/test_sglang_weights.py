@@ -28,6 +28,15 @@ def greedy(h) -> tuple[dict, dict]:
     return r.json()["choices"][0], r.json()
 
 
+def same_weights(a: dict, b: dict) -> bool:
+    """Two greedy answers' logprobs come from the same weights: the same tokens, logprobs within
+    1e-4. Not bit-equal: the second call reuses the first one's prefix cache, so its prompt is
+    summed in another order (float32 rounding, ~1e-6); the perturbed weights move them by ~0.1."""
+    ta, tb = a["content"], b["content"]
+    return ([t["token"] for t in ta] == [t["token"] for t in tb]
+            and all(abs(x["logprob"] - y["logprob"]) < 1e-4 for x, y in zip(ta, tb, strict=True)))
+
+
 def test_update_weights_from_disk(sgl):
     info = httpx.get(sgl.base_url + "/model_info").json()
     assert info["weight_version"] == "default" and info["model_path"] == str(sgl.orig)
@@ -50,7 +59,7 @@ def test_update_weights_from_disk(sgl):
     assert httpx.get(sgl.base_url + "/model_info").json()["weight_version"] == "v1"
     ch1, a1 = greedy(sgl)
     assert ch1["meta_info"]["weight_version"] == "v1" and a1["metadata"] == {"weight_version": "v1"}
-    assert ch1["logprobs"] != ch0["logprobs"]  # the new weights serve
+    assert not same_weights(ch1["logprobs"], ch0["logprobs"])  # the new weights serve
 
     # a load that fails: 400, success false, the weights and the version stay
     r = httpx.post(sgl.base_url + "/update_weights_from_disk",
@@ -60,13 +69,13 @@ def test_update_weights_from_disk(sgl):
     assert b["success"] is False and b["num_paused_requests"] == 0
     assert b["message"].startswith("Failed to get weights iterator: ") and "/no/such/model" in b["message"]
     assert httpx.get(sgl.base_url + "/model_info").json()["weight_version"] == "v1"
-    assert greedy(sgl)[0]["logprobs"] == ch1["logprobs"]
+    assert same_weights(greedy(sgl)[0]["logprobs"], ch1["logprobs"])
 
     # without weight_version: the weights change, the version does not
     r = httpx.post(sgl.base_url + "/update_weights_from_disk", json={"model_path": str(sgl.orig)}, timeout=120)
     assert r.json() == {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
     assert httpx.get(sgl.base_url + "/model_info").json()["weight_version"] == "v1"
-    assert greedy(sgl)[0]["logprobs"] == ch0["logprobs"]
+    assert same_weights(greedy(sgl)[0]["logprobs"], ch0["logprobs"])
 
     r = httpx.post(sgl.base_url + "/update_weight_version", json={"new_version": "default"})
     assert r.json() == {"success": True, "message": "Weight version updated to default", "new_version": "default"}

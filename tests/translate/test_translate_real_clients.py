@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
+from harness_recipes.cache import harness_cache
 from tests.translate.scripted_model import ScriptedModel
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CACHE = pathlib.Path(os.environ.get("POLAR_HARNESS_CACHE", ROOT / ".cache" / "harnesses"))
+CACHE = harness_cache()  # $POLAR_HARNESS_CACHE, else $POLAR_CACHE/harnesses, as the installer uses
 PROMPT = "create hello.txt containing hi"
 
 
