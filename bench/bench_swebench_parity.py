@@ -34,7 +34,7 @@ os.environ.setdefault("POLAR_CACHE", str(ROOT / ".cache"))  # the checkout's cac
 VERIFIED = ROOT / "data" / "swebench-verified" / "SWE-bench_Verified-test.parquet"
 REPOS = ROOT / "data" / "swebench-verified" / "repos"
 ROWS = ("psf__requests-5414", "pytest-dev__pytest-7432", "sympy__sympy-12481", "pylint-dev__pylint-4970",
-        "sphinx-doc__sphinx-8721", "mwaskom__seaborn-3069")
+        "sphinx-doc__sphinx-8721", "mwaskom__seaborn-3069", "django__django-15863")
 
 
 def _put(container, path: str, text: str) -> None:

@@ -2,7 +2,8 @@
 # make-repos.sh MIRRORS OUT: the repositories of the SWE-bench Verified rows CI and the parity bench
 # run besides flask, each a bare repository holding only those rows' base_commit trees (no later
 # history), written to OUT/owner__name (what `--repos OUT` finds). MIRRORS/owner+name/repo are full
-# bare clones of the public repositories (github.com/owner/name). See PROVENANCE.md.
+# bare clones of the public repositories (github.com/owner/name; any full clone holding the commits
+# gives the same trees: a commit id names its tree). See PROVENANCE.md.
 #
 # depth 2: base_commit, its tree and its parents (so the eval script's `git show` shows the commit,
 # not the whole tree as new files), nothing older. pytest's version comes from
@@ -45,3 +46,4 @@ one sympy/sympy 0 c807dfe7569692cad24f02a08477b70c1679a4dd                      
 one pylint-dev/pylint 0 40cc2ffd7887959157aaf469e09585ec2be7f528                                        # pylint-dev__pylint-4970
 one sphinx-doc/sphinx 0 82ef497a8c88f0f6e50d84520e7276bfbf65025d                                        # sphinx-doc__sphinx-8721
 one mwaskom/seaborn 0 54cab15bdacfaa05a88fbc5502a5b322d99f148e                                         # mwaskom__seaborn-3069
+one django/django 0 37c5b8c07be104fd5288cd87f101e48cb7a40298                                         # django__django-15863

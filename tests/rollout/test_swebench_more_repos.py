@@ -23,7 +23,8 @@ REPOS = DATA / "repos"
 # row -> its repository in REPOS (what make-repos.sh wrote, PROVENANCE.md)
 ROWS = {"psf__requests-5414": "psf__requests", "pytest-dev__pytest-7432": "pytest-dev__pytest",
         "sympy__sympy-12481": "sympy__sympy", "pylint-dev__pylint-4970": "pylint-dev__pylint",
-        "sphinx-doc__sphinx-8721": "sphinx-doc__sphinx", "mwaskom__seaborn-3069": "mwaskom__seaborn"}
+        "sphinx-doc__sphinx-8721": "sphinx-doc__sphinx", "mwaskom__seaborn-3069": "mwaskom__seaborn",
+        "django__django-15863": "django__django"}
 CI_ROW = "sympy__sympy-12481"  # sympy's bin/test and parse_log_sympy, about a minute of tests
 
 

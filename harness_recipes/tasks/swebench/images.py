@@ -48,13 +48,16 @@ from harness_recipes.cache import polar_cache
 
 SUITE = "bookworm"  # the base of Polar's bundled instances and of Python 3.11 specs
 MIRROR = "http://deb.debian.org/debian"
+# The headers and a C compiler in every base: pip builds the sdists that have no Linux wheel in the
+# root (django's pywatchman), as swebench's own images can (their base installs build-essential).
+TOOLCHAIN = ("python3-dev", "gcc", "libc6-dev")
 # python3-coverage: termcolor's pytest configuration names a coverage warning class.
-BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", "git", "ca-certificates", "patch")
+BASE_PACKAGES = ("python3", "python3-pytest", "python3-coverage", *TOOLCHAIN, "git", "ca-certificates", "patch")
 # Per Debian suite (pythons.DEBIAN says which Python each has): bullseye for Python 3.9, with the
-# venv module, distutils (old setup.py installs import it) and the headers.
+# venv module and distutils (old setup.py installs import it).
 SUITE_PACKAGES = {
     "bookworm": BASE_PACKAGES,
-    "bullseye": ("python3", "python3-venv", "python3-distutils", "python3-dev", "git", "ca-certificates", "patch"),
+    "bullseye": ("python3", "python3-venv", "python3-distutils", *TOOLCHAIN, "git", "ca-certificates", "patch"),
 }
 BASE_VERSION = 1  # bump when the base's recipe changes in a way its key does not show
 WORKDIR = "/testbed"
