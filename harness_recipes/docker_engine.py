@@ -30,3 +30,33 @@ def docker_client_or_none(timeout: float = 30):
         return docker_client(timeout)
     except DockerUnavailable:
         return None
+
+
+# How long a finished command's exit code may lag behind its output (below).
+EXIT_CODE_SETTLE = 10.0
+
+
+def exec_wait(container, argv: list[str], environment: dict | None = None, workdir: str | None = None,
+              settle: float = EXIT_CODE_SETTLE, sleep=None) -> tuple[int | None, tuple]:
+    """`container.exec_run(argv, demux=True)` with the exit code waited for: (exit code, (stdout, stderr)).
+
+    exec_run asks for the exit code once, the moment the output stream closes; the engine records it
+    when the process's exit event arrives, which can come later (moby/moby#19607: the exec still
+    reads Running, ExitCode null), and exec_run then says None. A None here means what callers take it
+    for, a process that never reported an exit (its container died or was removed): it is asked again
+    until ``settle`` seconds have passed or the exec no longer runs without a code."""
+    import time
+    sleep = sleep or time.sleep
+    api = container.client.api
+    exec_id = api.exec_create(container.id, argv, environment=environment, workdir=workdir)["Id"]
+    output = api.exec_start(exec_id, demux=True)
+    deadline, delay = time.monotonic() + settle, 0.01
+    while True:
+        info = api.exec_inspect(exec_id)
+        code = info.get("ExitCode")
+        if code is not None and not info.get("Running"):
+            return code, output
+        if not info.get("Running") or time.monotonic() >= deadline:
+            return None, output
+        sleep(delay)
+        delay = min(delay * 2, 0.5)

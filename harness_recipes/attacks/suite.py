@@ -221,6 +221,11 @@ def _log_texts(d: Deployment) -> str:
     return "\n".join(parts)
 
 
+def _error(r: dict) -> str:
+    """The node's error for an episode that did not end as it should, for the evidence ('' if none)."""
+    return f", error {r['error'][:300]!r}" if r.get("error") else ""
+
+
 def _sample(eid: str) -> int:
     return int(eid.rsplit(".s", 1)[1].split(".")[0])
 
@@ -278,7 +283,7 @@ def hack_verdicts(d: Deployment, recs: dict[str, dict]) -> list[Verdict]:
         ok = applied and reward is not None and reward <= 0.0 and r.get("status") == ep.DONE and discard is False
         out.append(Verdict(HACK_NAMES[hack], ok,
                            f"{eid}: reward {reward}, status {r.get('status')}, discard {discard}, verdict {verdict}, "
-                           f"changed {r.get('changed_files')}" if eid else "no episode ran it"))
+                           f"changed {r.get('changed_files')}{_error(r)}" if eid else "no episode ran it"))
     return out
 
 
@@ -291,7 +296,7 @@ def verdicts(d: Deployment, pipeline: Pipeline, canary: Canary, token: str, befo
     for eid, r in recs.items():
         path = d.logdir / f"{eid}.arrow"
         if not path.exists():
-            wrong.append(f"{eid}: no log")
+            wrong.append(f"{eid}: no log (status {r.get('status')}{_error(r)})")
             continue
         log = read_episode(path)
         if log.reward != r.get("reward") or log.metadata.get(DISCARD) != r.get("discard", log.metadata.get(DISCARD)):

@@ -43,7 +43,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harness_recipes.docker_engine import docker_client
+from harness_recipes.docker_engine import docker_client, exec_wait
 from harness_recipes.recipes.limits import Limits
 from harness_recipes.tasks.swebench.images import image_path, task_image
 from harness_recipes.tasks.task_file import Task
@@ -124,7 +124,7 @@ class DockerSandbox(Sandbox):
         watcher = threading.Thread(target=self._watch, args=(stop, hit), daemon=True)
         watcher.start()
         try:
-            res = self.container.exec_run(wrapped, environment=env, workdir=cwd, demux=True)
+            exit_code, output = exec_wait(self.container, wrapped, environment=env, workdir=cwd)
         except docker.errors.APIError as e:
             if hit:  # the watcher stopped the container: the limit, not docker, ended the command
                 return self._limited(hit[0], t0)
@@ -135,13 +135,13 @@ class DockerSandbox(Sandbox):
         if not hit and (reason := self._check()):  # an OOM kill that ended the command before the next look
             hit.append(reason)
         if hit:
-            return self._limited(hit[0], t0, res.output)
-        if res.exit_code is None or res.exit_code == 137 and time.monotonic() - t0 < timeout and self._dead():
+            return self._limited(hit[0], t0, output)
+        if exit_code is None or exit_code == 137 and time.monotonic() - t0 < timeout and self._dead():
             raise ContainerGone(self._why_gone(None))
-        out, err = res.output if res.output else (b"", b"")
+        out, err = output if output else (b"", b"")
         seconds = time.monotonic() - t0
-        timed_out = res.exit_code in (124, 137) and seconds >= timeout
-        return ExecResult(rc=None if timed_out else res.exit_code, stdout=(out or b"")[:OUTPUT_CAP],
+        timed_out = exit_code in (124, 137) and seconds >= timeout
+        return ExecResult(rc=None if timed_out else exit_code, stdout=(out or b"")[:OUTPUT_CAP],
                           stderr=(err or b"")[:OUTPUT_CAP], timed_out=timed_out, seconds=seconds)
 
     def _limited(self, reason: str, t0: float, output=None) -> ExecResult:
