@@ -6,6 +6,8 @@ is imported here, on call: a node that never runs docker needs no docker package
 """
 from __future__ import annotations
 
+import time
+
 
 class DockerUnavailable(RuntimeError):
     """No docker engine could be reached (no SDK, no socket, no permission, not running)."""
@@ -37,7 +39,7 @@ EXIT_CODE_SETTLE = 10.0
 
 
 def exec_wait(container, argv: list[str], environment: dict | None = None, workdir: str | None = None,
-              settle: float = EXIT_CODE_SETTLE, sleep=None) -> tuple[int | None, tuple]:
+              settle: float = EXIT_CODE_SETTLE, sleep=time.sleep) -> tuple[int | None, tuple]:
     """`container.exec_run(argv, demux=True)` with the exit code waited for: (exit code, (stdout, stderr)).
 
     exec_run asks for the exit code once, the moment the output stream closes; the engine records it
@@ -45,8 +47,6 @@ def exec_wait(container, argv: list[str], environment: dict | None = None, workd
     reads Running, ExitCode null), and exec_run then says None. A None here means what callers take it
     for, a process that never reported an exit (its container died or was removed): it is asked again
     until ``settle`` seconds have passed or the exec no longer runs without a code."""
-    import time
-    sleep = sleep or time.sleep
     api = container.client.api
     exec_id = api.exec_create(container.id, argv, environment=environment, workdir=workdir)["Id"]
     output = api.exec_start(exec_id, demux=True)
