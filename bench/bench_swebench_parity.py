@@ -49,6 +49,7 @@ def _put(container, path: str, text: str) -> None:
 
 def evaluate(client, inst: dict, image: str, patch: str, timeout: float) -> tuple[dict, float]:
     """swebench's report for `patch` (may be "") on a fresh container of `image`, and the eval seconds."""
+    from harness_recipes.docker_engine import exec_wait
     from harness_recipes.tasks.swebench.eval_script import script_for
     from harness_recipes.tasks.swebench.grade import grade_log
     script = script_for(inst, "built")
@@ -57,9 +58,9 @@ def evaluate(client, inst: dict, image: str, patch: str, timeout: float) -> tupl
         t0 = time.monotonic()
         if patch:
             _put(c, "/tmp/model.patch", patch)
-            res = c.exec_run(["git", "apply", "-v", "/tmp/model.patch"], workdir="/testbed")
-            if res.exit_code != 0:
-                raise RuntimeError(f"{inst['instance_id']}: the patch does not apply: {res.output[-400:]!r}")
+            rc, (out, err) = exec_wait(c, ["git", "apply", "-v", "/tmp/model.patch"], workdir="/testbed")
+            if rc != 0:
+                raise RuntimeError(f"{inst['instance_id']}: the patch does not apply: {((out or b'') + (err or b''))[-400:]!r}")
         _put(c, "/tmp/eval.sh", script)
         res = c.exec_run(["timeout", str(int(timeout)), "bash", "-c", "bash /tmp/eval.sh 2>&1"], workdir="/testbed")
         secs = time.monotonic() - t0
